@@ -1,0 +1,8 @@
+//! The CPU backend: an inverted index of the build side and a parallel probe with fused top-k.
+
+mod index;
+mod probe;
+mod topk;
+
+pub use index::CpuIndex;
+pub use probe::{probe, PairList, ProbeOptions, Selection};

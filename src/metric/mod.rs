@@ -1,0 +1,257 @@
+//! The 16 metrics of the SPEC, each defined once as a semiring that both backends use.
+//!
+//! Every metric except chebyshev is written in *folded* form: a per-row total for each side plus
+//! a sum over the columns where both vectors are nonzero. For sum-reduced union (NAMM) metrics
+//! this is exact, since `Σ_{X∪Y} f(x,y) = Σ_X f(x,0) + Σ_Y f(0,y) + Σ_{X∩Y} (f(x,y) - f(x,0) - f(0,y))`,
+//! so the union semiring of the paper costs no more than a sparse dot product. Chebyshev (a max,
+//! not a sum) needs the true union and has its own path.
+
+mod semiring;
+
+pub use semiring::*;
+
+use std::fmt;
+use std::str::FromStr;
+
+use datafusion::common::{plan_err, DataFusionError, Result};
+
+/// Which metric, without its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MetricKind {
+    Dot,
+    Cosine,
+    Euclidean,
+    SqEuclidean,
+    Manhattan,
+    Chebyshev,
+    Minkowski,
+    Canberra,
+    BrayCurtis,
+    Hamming,
+    Jaccard,
+    Dice,
+    RussellRao,
+    Correlation,
+    Hellinger,
+    JensenShannon,
+    KlDivergence,
+}
+
+/// Canonical names and aliases, as in the SPEC table (case-insensitive).
+pub const METRIC_NAMES: &[(&str, MetricKind)] = &[
+    ("dot", MetricKind::Dot),
+    ("inner_product", MetricKind::Dot),
+    ("ip", MetricKind::Dot),
+    ("cosine", MetricKind::Cosine),
+    ("euclidean", MetricKind::Euclidean),
+    ("l2", MetricKind::Euclidean),
+    ("sqeuclidean", MetricKind::SqEuclidean),
+    ("manhattan", MetricKind::Manhattan),
+    ("l1", MetricKind::Manhattan),
+    ("cityblock", MetricKind::Manhattan),
+    ("chebyshev", MetricKind::Chebyshev),
+    ("linf", MetricKind::Chebyshev),
+    ("minkowski", MetricKind::Minkowski),
+    ("canberra", MetricKind::Canberra),
+    ("braycurtis", MetricKind::BrayCurtis),
+    ("hamming", MetricKind::Hamming),
+    ("jaccard", MetricKind::Jaccard),
+    ("dice", MetricKind::Dice),
+    ("russellrao", MetricKind::RussellRao),
+    ("correlation", MetricKind::Correlation),
+    ("hellinger", MetricKind::Hellinger),
+    ("jensenshannon", MetricKind::JensenShannon),
+    ("js", MetricKind::JensenShannon),
+    ("kl_divergence", MetricKind::KlDivergence),
+    ("kl", MetricKind::KlDivergence),
+];
+
+impl MetricKind {
+    pub fn name(self) -> &'static str {
+        METRIC_NAMES
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map(|(n, _)| *n)
+            .expect("every kind has a name")
+    }
+
+    pub fn all() -> impl Iterator<Item = MetricKind> {
+        let mut seen = Vec::new();
+        METRIC_NAMES.iter().filter_map(move |(_, k)| {
+            (!seen.contains(k)).then(|| {
+                seen.push(*k);
+                *k
+            })
+        })
+    }
+
+    /// hamming, russellrao and correlation are defined over all `d` coordinates.
+    pub fn needs_dim(self) -> bool {
+        matches!(self, MetricKind::Hamming | MetricKind::RussellRao | MetricKind::Correlation)
+    }
+
+    pub fn needs_nonnegative(self) -> bool {
+        matches!(
+            self,
+            MetricKind::Hellinger | MetricKind::JensenShannon | MetricKind::KlDivergence
+        )
+    }
+
+    /// `dot` is a similarity: the nearest neighbour has the largest value.
+    pub fn is_similarity(self) -> bool {
+        self == MetricKind::Dot
+    }
+}
+
+impl FromStr for MetricKind {
+    type Err = DataFusionError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let lower = s.trim().to_ascii_lowercase();
+        match METRIC_NAMES.iter().find(|(n, _)| *n == lower) {
+            Some((_, k)) => Ok(*k),
+            None => plan_err!(
+                "unknown metric '{s}'; valid metrics: {}",
+                METRIC_NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+            ),
+        }
+    }
+}
+
+impl fmt::Display for MetricKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A metric with its parameters, checked.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Metric {
+    pub kind: MetricKind,
+    /// Minkowski degree (≥ 1).
+    pub p: f64,
+    /// Dimension, for hamming, russellrao and correlation (and the index range check).
+    pub dim: Option<u64>,
+}
+
+impl Metric {
+    /// Parses a metric name and checks its parameters.
+    pub fn new(name: &str, p: Option<f64>, dim: Option<u64>) -> Result<Self> {
+        let kind: MetricKind = name.parse()?;
+        Self::from_kind(kind, p, dim)
+    }
+
+    pub fn from_kind(kind: MetricKind, p: Option<f64>, dim: Option<u64>) -> Result<Self> {
+        if kind.needs_dim() && dim.is_none() {
+            return plan_err!(
+                "metric '{kind}' needs the dimension: pass the option dim=<number of coordinates>"
+            );
+        }
+        if dim == Some(0) {
+            return plan_err!("option dim must be at least 1");
+        }
+        let p = p.unwrap_or(2.0);
+        if kind == MetricKind::Minkowski && !(p.is_finite() && p >= 1.0) {
+            return plan_err!("option p for minkowski must be a finite number >= 1, got {p}");
+        }
+        Ok(Self { kind, p, dim })
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind.name()
+    }
+
+    /// True if `a` is nearer than `b` (strictly).
+    #[inline]
+    pub fn nearer(&self, a: f64, b: f64) -> bool {
+        if self.kind.is_similarity() {
+            a > b
+        } else {
+            a < b
+        }
+    }
+
+    /// Whether a pair at `distance` is inside `radius` (for `dot`: at least `radius`).
+    #[inline]
+    pub fn within(&self, distance: f64, radius: f64) -> bool {
+        if self.kind.is_similarity() {
+            distance >= radius
+        } else {
+            distance <= radius
+        }
+    }
+
+    /// The distance between two sparse rows (indices need not be sorted). Used row by row by
+    /// `sparse_distance`; the join kernels compute the same semiring in bulk.
+    pub fn distance(&self, a: (&[i32], &[f32]), b: (&[i32], &[f32])) -> f64 {
+        let a = sorted_nonzeros(a);
+        let b = sorted_nonzeros(b);
+        match self.kind {
+            MetricKind::Chebyshev => chebyshev_sorted(&a, &b),
+            _ => with_semiring!(self, s => {
+                let ta = s.totals(a.iter().map(|e| e.1));
+                let tb = s.totals(b.iter().map(|e| e.1));
+                let (mut acc0, mut acc1) = (0.0, 0.0);
+                let (mut i, mut j) = (0, 0);
+                while i < a.len() && j < b.len() {
+                    match a[i].0.cmp(&b[j].0) {
+                        std::cmp::Ordering::Less => i += 1,
+                        std::cmp::Ordering::Greater => j += 1,
+                        std::cmp::Ordering::Equal => {
+                            let (c0, c1) = s.pair(a[i].1, b[j].1);
+                            acc0 += c0;
+                            acc1 += c1;
+                            i += 1;
+                            j += 1;
+                        }
+                    }
+                }
+                s.finish(acc0, acc1, &ta, &tb)
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            MetricKind::Minkowski => write!(f, "minkowski(p={})", self.p),
+            k if k.needs_dim() => write!(f, "{k}(dim={})", self.dim.unwrap_or(0)),
+            k => write!(f, "{k}"),
+        }
+    }
+}
+
+/// A row's nonzero entries sorted by index (explicit zeros are not part of the support).
+fn sorted_nonzeros((indices, values): (&[i32], &[f32])) -> Vec<(i32, f32)> {
+    let mut v: Vec<(i32, f32)> = indices
+        .iter()
+        .zip(values)
+        .filter(|(_, &x)| x != 0.0)
+        .map(|(&i, &x)| (i, x))
+        .collect();
+    if !v.windows(2).all(|w| w[0].0 < w[1].0) {
+        v.sort_unstable_by_key(|e| e.0);
+    }
+    v
+}
+
+/// max |x_i - y_i| over the union of two sorted supports.
+fn chebyshev_sorted(a: &[(i32, f32)], b: &[(i32, f32)]) -> f64 {
+    let (mut i, mut j, mut m) = (0, 0, 0.0f64);
+    while i < a.len() || j < b.len() {
+        let d = if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
+            i += 1;
+            (a[i - 1].1 as f64).abs()
+        } else if i == a.len() || b[j].0 < a[i].0 {
+            j += 1;
+            (b[j - 1].1 as f64).abs()
+        } else {
+            i += 1;
+            j += 1;
+            (a[i - 1].1 as f64 - b[j - 1].1 as f64).abs()
+        };
+        m = m.max(d);
+    }
+    m
+}

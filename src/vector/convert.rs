@@ -1,0 +1,310 @@
+//! Conversion of every accepted vector type into the canonical CSR form.
+
+use arrow::array::{Array, ArrayRef, AsArray, FixedSizeListArray, MapArray, StructArray};
+use arrow::buffer::{NullBuffer, ScalarBuffer};
+use arrow::compute::cast;
+use arrow::datatypes::{DataType, Field, Fields, Float32Type, Float64Type, Int32Type, Int64Type};
+use datafusion::common::{exec_err, Result};
+
+use super::{SparseBatch, VectorCheck, INDICES, VALUES};
+
+/// `Struct{indices: List<Int32 not null>, values: List<Float32 not null>}`.
+pub fn sparse_vector_type() -> DataType {
+    DataType::Struct(Fields::from(vec![
+        Field::new(INDICES, DataType::new_list(DataType::Int32, false), false),
+        Field::new(VALUES, DataType::new_list(DataType::Float32, false), false),
+    ]))
+}
+
+pub fn sparse_vector_field(name: &str) -> Field {
+    Field::new(name, sparse_vector_type(), true)
+}
+
+fn is_index_type(t: &DataType) -> bool {
+    matches!(
+        t,
+        DataType::Int8
+            | DataType::Int16
+            | DataType::Int32
+            | DataType::Int64
+            | DataType::UInt8
+            | DataType::UInt16
+            | DataType::UInt32
+            | DataType::UInt64
+    )
+}
+
+fn is_value_type(t: &DataType) -> bool {
+    matches!(t, DataType::Float16 | DataType::Float32 | DataType::Float64)
+}
+
+fn list_item(t: &DataType) -> Option<&DataType> {
+    match t {
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            Some(f.data_type())
+        }
+        _ => None,
+    }
+}
+
+/// Whether a column of this type is accepted where a sparse vector is expected.
+pub fn is_sparse_vector_type(t: &DataType) -> bool {
+    match t {
+        DataType::Struct(fields) => {
+            let idx = fields.iter().find(|f| f.name() == INDICES);
+            let val = fields.iter().find(|f| f.name() == VALUES);
+            match (idx, val) {
+                (Some(i), Some(v)) => {
+                    list_item(i.data_type()).is_some_and(is_index_type)
+                        && list_item(v.data_type()).is_some_and(is_value_type)
+                }
+                _ => false,
+            }
+        }
+        DataType::Map(entries, _) => match entries.data_type() {
+            DataType::Struct(kv) if kv.len() == 2 => {
+                is_index_type(kv[0].data_type()) && is_value_type(kv[1].data_type())
+            }
+            _ => false,
+        },
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _) => {
+            list_item(t).is_some_and(is_value_type)
+        }
+        _ => false,
+    }
+}
+
+/// A list-like array taken apart: per-row ranges into a flat child, and the row nulls.
+struct ListParts {
+    ranges: Vec<(usize, usize)>,
+    child: ArrayRef,
+    nulls: Option<NullBuffer>,
+}
+
+fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<ListParts> {
+    let ranges_of = |o: &[usize]| o.windows(2).map(|w| (w[0], w[1])).collect::<Vec<_>>();
+    Ok(match array.data_type() {
+        DataType::List(_) => {
+            let l = array.as_list::<i32>();
+            let o: Vec<usize> = l.offsets().iter().map(|&x| x as usize).collect();
+            ListParts { ranges: ranges_of(&o), child: l.values().clone(), nulls: l.nulls().cloned() }
+        }
+        DataType::LargeList(_) => {
+            let l = array.as_list::<i64>();
+            let o: Vec<usize> = l.offsets().iter().map(|&x| x as usize).collect();
+            ListParts { ranges: ranges_of(&o), child: l.values().clone(), nulls: l.nulls().cloned() }
+        }
+        DataType::FixedSizeList(_, n) => {
+            let l: &FixedSizeListArray = array.as_fixed_size_list();
+            let n = *n as usize;
+            let ranges = (0..l.len()).map(|r| (r * n, r * n + n)).collect();
+            ListParts { ranges, child: l.values().clone(), nulls: l.nulls().cloned() }
+        }
+        other => {
+            return exec_err!(
+                "{}: {what} must be a list, found {other}",
+                check.column_label()
+            )
+        }
+    })
+}
+
+fn merge_nulls(a: Option<&NullBuffer>, b: Option<&NullBuffer>) -> Option<NullBuffer> {
+    NullBuffer::union(a, b)
+}
+
+/// Indices of a flat child array, widened to i64 (row checks narrow them to i32).
+fn index_values(child: &ArrayRef) -> Result<Vec<i64>> {
+    let c = cast(child, &DataType::Int64)?;
+    Ok(c.as_primitive::<Int64Type>().values().to_vec())
+}
+
+fn float_values(child: &ArrayRef) -> Result<ArrayRef> {
+    Ok(match child.data_type() {
+        DataType::Float32 | DataType::Float64 => child.clone(),
+        _ => cast(child, &DataType::Float64)?,
+    })
+}
+
+/// Reads value `i` of a Float32 or Float64 child as f64.
+fn value_reader(child: &ArrayRef) -> Box<dyn Fn(usize) -> f64 + '_> {
+    match child.data_type() {
+        DataType::Float32 => {
+            let v = child.as_primitive::<Float32Type>();
+            Box::new(move |i| v.value(i) as f64)
+        }
+        _ => {
+            let v = child.as_primitive::<Float64Type>();
+            Box::new(move |i| v.value(i))
+        }
+    }
+}
+
+pub(super) fn to_sparse_batch(array: &dyn Array, check: &VectorCheck) -> Result<SparseBatch> {
+    match array.data_type() {
+        DataType::Struct(_) if is_sparse_vector_type(array.data_type()) => {
+            from_struct(array.as_struct(), check)
+        }
+        DataType::Map(_, _) if is_sparse_vector_type(array.data_type()) => {
+            from_map(array.as_map(), check)
+        }
+        DataType::List(_) | DataType::LargeList(_) | DataType::FixedSizeList(_, _)
+            if is_sparse_vector_type(array.data_type()) =>
+        {
+            from_dense(array, check)
+        }
+        DataType::Null => {
+            let n = array.len();
+            Ok(SparseBatch::from_parts(
+                vec![0i32; n + 1].into(),
+                ScalarBuffer::from(Vec::<i32>::new()),
+                ScalarBuffer::from(Vec::<f32>::new()),
+                Some(NullBuffer::new_null(n)),
+            ))
+        }
+        other => exec_err!(
+            "{} has type {other}, which is not a sparse vector; accepted: \
+             Struct{{indices: List<Int32|UInt32|Int64>, values: List<Float32|Float64>}} (or LargeList), \
+             Map<Int32, Float32>, or a dense List/FixedSizeList of Float32|Float64",
+            check.column_label()
+        ),
+    }
+}
+
+fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> {
+    let indices = array.column_by_name(INDICES).expect("checked by is_sparse_vector_type");
+    let values = array.column_by_name(VALUES).expect("checked by is_sparse_vector_type");
+
+    // The canonical layout is taken as it is: the list offsets become the row pointer.
+    if let (DataType::List(fi), DataType::List(fv)) = (indices.data_type(), values.data_type()) {
+        if fi.data_type() == &DataType::Int32 && fv.data_type() == &DataType::Float32 {
+            let il = indices.as_list::<i32>();
+            let vl = values.as_list::<i32>();
+            let ic = il.values().as_primitive::<Int32Type>();
+            let vc = vl.values().as_primitive::<Float32Type>();
+            if il.offsets() == vl.offsets() && ic.null_count() == 0 && vc.null_count() == 0 {
+                let nulls = merge_nulls(array.nulls(), merge_nulls(il.nulls(), vl.nulls()).as_ref());
+                return Ok(SparseBatch::from_parts(
+                    il.offsets().inner().clone(),
+                    ic.values().clone(),
+                    vc.values().clone(),
+                    nulls,
+                ));
+            }
+        }
+    }
+
+    let ip = list_parts(indices.as_ref(), check, "field 'indices'")?;
+    let vp = list_parts(values.as_ref(), check, "field 'values'")?;
+    let nulls = merge_nulls(array.nulls(), merge_nulls(ip.nulls.as_ref(), vp.nulls.as_ref()).as_ref());
+    build(array.len(), &ip, &vp, nulls, check)
+}
+
+fn from_map(array: &MapArray, check: &VectorCheck) -> Result<SparseBatch> {
+    let o: Vec<usize> = array.offsets().iter().map(|&x| x as usize).collect();
+    let ranges: Vec<(usize, usize)> = o.windows(2).map(|w| (w[0], w[1])).collect();
+    let ip = ListParts { ranges: ranges.clone(), child: array.keys().clone(), nulls: None };
+    let vp = ListParts { ranges, child: array.values().clone(), nulls: None };
+    build(array.len(), &ip, &vp, array.nulls().cloned(), check)
+}
+
+/// Assembles canonical CSR from index and value lists of any accepted child types.
+fn build(
+    rows: usize,
+    ip: &ListParts,
+    vp: &ListParts,
+    nulls: Option<NullBuffer>,
+    check: &VectorCheck,
+) -> Result<SparseBatch> {
+    let idx = index_values(&ip.child)?;
+    let vals = float_values(&vp.child)?;
+    let read = value_reader(&vals);
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0i32);
+    let mut indices = Vec::new();
+    let mut values = Vec::new();
+    for row in 0..rows {
+        let is_null = nulls.as_ref().is_some_and(|n| n.is_null(row));
+        if !is_null {
+            let (is, ie) = ip.ranges[row];
+            let (vs, ve) = vp.ranges[row];
+            if ie - is != ve - vs {
+                return exec_err!(
+                    "{}: indices has {} entries but values has {}; both lists of a row must have the same length",
+                    check.row_label(row),
+                    ie - is,
+                    ve - vs
+                );
+            }
+            for k in 0..(ie - is) {
+                if ip.child.is_null(is + k) || vals.is_null(vs + k) {
+                    return exec_err!("{}: null entry at position {k}", check.row_label(row));
+                }
+                let i = idx[is + k];
+                if i < 0 {
+                    return exec_err!("{}: negative index {i}", check.row_label(row));
+                }
+                if i > i32::MAX as i64 {
+                    return exec_err!(
+                        "{}: index {i} is larger than the largest supported index {}",
+                        check.row_label(row),
+                        i32::MAX
+                    );
+                }
+                let v = read(vs + k);
+                if v.is_finite() && !(v as f32).is_finite() {
+                    return exec_err!(
+                        "{}: value {v} at index {i} does not fit in float32",
+                        check.row_label(row)
+                    );
+                }
+                indices.push(i as i32);
+                values.push(v as f32);
+            }
+        }
+        if indices.len() > i32::MAX as usize {
+            return exec_err!(
+                "{}: more than {} entries in one batch; use smaller batches",
+                check.column_label(),
+                i32::MAX
+            );
+        }
+        offsets.push(indices.len() as i32);
+    }
+    Ok(SparseBatch::from_parts(offsets.into(), indices.into(), values.into(), nulls))
+}
+
+/// Dense lists: position is the index, zeros are dropped.
+fn from_dense(array: &dyn Array, check: &VectorCheck) -> Result<SparseBatch> {
+    let parts = list_parts(array, check, "a dense vector")?;
+    let vals = float_values(&parts.child)?;
+    let read = value_reader(&vals);
+    let rows = array.len();
+    let mut offsets = Vec::with_capacity(rows + 1);
+    offsets.push(0i32);
+    let mut indices = Vec::new();
+    let mut values = Vec::new();
+    for row in 0..rows {
+        if !parts.nulls.as_ref().is_some_and(|n| n.is_null(row)) {
+            let (s, e) = parts.ranges[row];
+            for k in s..e {
+                if vals.is_null(k) {
+                    return exec_err!("{}: null entry at position {}", check.row_label(row), k - s);
+                }
+                let v = read(k);
+                if v != 0.0 {
+                    if k - s > i32::MAX as usize {
+                        return exec_err!("{}: dense vector longer than {}", check.row_label(row), i32::MAX);
+                    }
+                    indices.push((k - s) as i32);
+                    values.push(v as f32);
+                }
+            }
+        }
+        if indices.len() > i32::MAX as usize {
+            return exec_err!("{}: more than {} nonzeros in one batch", check.column_label(), i32::MAX);
+        }
+        offsets.push(indices.len() as i32);
+    }
+    Ok(SparseBatch::from_parts(offsets.into(), indices.into(), values.into(), parts.nulls))
+}

@@ -1,0 +1,186 @@
+//! The sparse vector column: its canonical Arrow type, the accepted input types, and validation.
+//!
+//! Every accepted input is converted once into a [`SparseBatch`], whose row pointer is the Arrow
+//! list offsets of the canonical type, so a batch reaches either backend without reshaping.
+
+mod convert;
+mod validate;
+
+pub use convert::{is_sparse_vector_type, sparse_vector_field, sparse_vector_type};
+pub use validate::VectorCheck;
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, ListArray, StructArray};
+use arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
+use arrow::datatypes::{DataType, Field};
+use datafusion::common::Result;
+
+pub const INDICES: &str = "indices";
+pub const VALUES: &str = "values";
+
+/// A batch of sparse vectors in CSR form, validated.
+///
+/// Row `i` covers `offsets[i]..offsets[i + 1]` of `indices` and `values`; `offsets[0]` need not be
+/// zero (a sliced Arrow array keeps its buffers). A null row matches nothing; its range is ignored.
+#[derive(Debug, Clone)]
+pub struct SparseBatch {
+    offsets: ScalarBuffer<i32>,
+    indices: ScalarBuffer<i32>,
+    values: ScalarBuffer<f32>,
+    nulls: Option<NullBuffer>,
+}
+
+impl SparseBatch {
+    /// Converts any accepted vector array (see the SPEC) and validates it; `check` names the
+    /// column and the first row for error messages, and carries the metric's requirements.
+    pub fn try_from_array(array: &dyn Array, check: &VectorCheck) -> Result<Self> {
+        let batch = convert::to_sparse_batch(array, check)?;
+        check.validate(&batch)?;
+        Ok(batch)
+    }
+
+    /// Builds a batch from parts without validation; the caller guarantees the CSR invariants.
+    pub fn from_parts(
+        offsets: ScalarBuffer<i32>,
+        indices: ScalarBuffer<i32>,
+        values: ScalarBuffer<f32>,
+        nulls: Option<NullBuffer>,
+    ) -> Self {
+        debug_assert!(!offsets.is_empty());
+        debug_assert_eq!(indices.len(), values.len());
+        Self { offsets, indices, values, nulls }
+    }
+
+    /// Builds a batch from rows of `(index, value)` pairs; `None` is a null row.
+    pub fn from_rows<'a>(rows: impl IntoIterator<Item = Option<&'a [(i32, f32)]>>) -> Self {
+        let mut offsets = vec![0i32];
+        let mut indices = Vec::new();
+        let mut values = Vec::new();
+        let mut valid = Vec::new();
+        for row in rows {
+            valid.push(row.is_some());
+            for &(i, v) in row.unwrap_or(&[]) {
+                indices.push(i);
+                values.push(v);
+            }
+            offsets.push(indices.len() as i32);
+        }
+        let nulls = NullBuffer::from(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        Self::from_parts(offsets.into(), indices.into(), values.into(), nulls)
+    }
+
+    pub fn len(&self) -> usize {
+        self.offsets.len() - 1
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn is_null(&self, row: usize) -> bool {
+        self.nulls.as_ref().is_some_and(|n| n.is_null(row))
+    }
+
+    pub fn nulls(&self) -> Option<&NullBuffer> {
+        self.nulls.as_ref()
+    }
+
+    /// The CSR row pointer (the list offsets; `offsets()[0]` may be non-zero).
+    pub fn offsets(&self) -> &[i32] {
+        &self.offsets
+    }
+
+    pub fn indices(&self) -> &[i32] {
+        &self.indices
+    }
+
+    pub fn values(&self) -> &[f32] {
+        &self.values
+    }
+
+    /// Row `row` as `(indices, values)`; empty for a null row.
+    #[inline]
+    pub fn row(&self, row: usize) -> (&[i32], &[f32]) {
+        if self.is_null(row) {
+            return (&[], &[]);
+        }
+        let start = self.offsets[row] as usize;
+        let end = self.offsets[row + 1] as usize;
+        (&self.indices[start..end], &self.values[start..end])
+    }
+
+    /// Stored entries of `row` (explicit zeros included).
+    pub fn row_len(&self, row: usize) -> usize {
+        self.row(row).0.len()
+    }
+
+    /// Largest index + 1 over all rows (0 for a batch with no entries).
+    pub fn max_dim(&self) -> usize {
+        let first = self.offsets[0] as usize;
+        let last = self.offsets[self.len()] as usize;
+        self.indices[first..last]
+            .iter()
+            .map(|&i| i as usize + 1)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Stored entries of all rows.
+    pub fn nnz(&self) -> usize {
+        (self.offsets[self.len()] - self.offsets[0]) as usize
+    }
+
+    /// The canonical Arrow array (`Struct{indices: List<Int32>, values: List<Float32>}`).
+    pub fn to_array(&self) -> StructArray {
+        let offsets = OffsetBuffer::new(self.offsets.clone());
+        let indices = ListArray::new(
+            Arc::new(Field::new("item", DataType::Int32, false)),
+            offsets.clone(),
+            Arc::new(arrow::array::Int32Array::new(self.indices.clone(), None)),
+            None,
+        );
+        let values = ListArray::new(
+            Arc::new(Field::new("item", DataType::Float32, false)),
+            offsets,
+            Arc::new(arrow::array::Float32Array::new(self.values.clone(), None)),
+            None,
+        );
+        let DataType::Struct(fields) = sparse_vector_type() else {
+            unreachable!("the canonical type is a struct")
+        };
+        StructArray::new(
+            fields,
+            vec![Arc::new(indices) as ArrayRef, Arc::new(values) as ArrayRef],
+            self.nulls.clone(),
+        )
+    }
+
+    /// Concatenates batches into one (the build side of a join).
+    pub fn concat(batches: &[SparseBatch]) -> Self {
+        let mut offsets = Vec::with_capacity(batches.iter().map(|b| b.len()).sum::<usize>() + 1);
+        offsets.push(0i32);
+        let total: usize = batches.iter().map(|b| b.nnz()).sum();
+        let mut indices = Vec::with_capacity(total);
+        let mut values = Vec::with_capacity(total);
+        let mut valid = Vec::new();
+        for b in batches {
+            let first = b.offsets[0] as usize;
+            let last = b.offsets[b.len()] as usize;
+            indices.extend_from_slice(&b.indices[first..last]);
+            values.extend_from_slice(&b.values[first..last]);
+            let base = *offsets.last().unwrap() - b.offsets[0];
+            offsets.extend(b.offsets[1..].iter().map(|o| o + base));
+            valid.extend((0..b.len()).map(|r| !b.is_null(r)));
+        }
+        let nulls = NullBuffer::from(valid);
+        let nulls = (nulls.null_count() > 0).then_some(nulls);
+        Self::from_parts(offsets.into(), indices.into(), values.into(), nulls)
+    }
+
+    /// Bytes held by the batch's buffers (for memory reservations and metrics).
+    pub fn memory_size(&self) -> usize {
+        self.offsets.len() * 4 + self.indices.len() * 4 + self.values.len() * 4
+    }
+}
