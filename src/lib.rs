@@ -9,6 +9,7 @@
 pub mod cpu;
 pub mod gpu;
 pub mod metric;
+pub mod options;
 pub mod planner;
 pub mod udf;
 pub mod vector;
