@@ -6,9 +6,11 @@
 //! - [`gpu`]: the CUDA backend (NVRTC-compiled kernels from `kernels/`).
 //! - [`udf`]: the scalar SQL functions; [`planner`]: `knn_join` / `radius_join` operators.
 
+pub mod cli;
 pub mod cpu;
 pub mod gpu;
 pub mod metric;
+pub mod generate;
 pub mod options;
 pub mod planner;
 pub mod udf;
@@ -16,3 +18,33 @@ pub mod vector;
 
 pub use metric::{Metric, MetricKind};
 pub use vector::{sparse_vector_type, SparseBatch};
+
+use datafusion::execution::context::SessionContext;
+use datafusion::prelude::SessionConfig;
+
+use options::SparseKnnConfig;
+
+/// Registers everything the crate adds to SQL: the `sparse_knn.*` session settings (so that
+/// `SET sparse_knn.device = 'cpu'` works), the scalar functions, and the join table functions.
+/// Settings already in the session are kept.
+pub fn register_all(ctx: &SessionContext) -> datafusion::common::Result<()> {
+    {
+        let state = ctx.state_ref();
+        let mut state = state.write();
+        let options = state.config_mut().options_mut();
+        if options.extensions.get::<SparseKnnConfig>().is_none() {
+            options.extensions.insert(SparseKnnConfig::default());
+        }
+    }
+    udf::register(ctx)?;
+    planner::register(ctx)?;
+    Ok(())
+}
+
+/// A session with the `sparse_knn` settings and every function registered.
+pub fn session_context() -> SessionContext {
+    let config = SessionConfig::new().with_option_extension(SparseKnnConfig::default());
+    let ctx = SessionContext::new_with_config(config);
+    register_all(&ctx).expect("registering the crate's functions in a new session cannot fail");
+    ctx
+}

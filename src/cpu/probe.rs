@@ -7,9 +7,10 @@
 
 use rayon::prelude::*;
 
+use super::folded::{folded_row, FoldedScratch};
 use super::index::CpuIndex;
 use super::topk::TopK;
-use crate::metric::{with_semiring, MetricKind, RowTotals, Semiring};
+use crate::metric::{with_semiring, MetricKind, Semiring};
 use crate::vector::SparseBatch;
 
 /// Pairs produced for one left batch, ordered by left row, then by rank (knn) or right row (radius).
@@ -35,7 +36,11 @@ impl PairList {
     pub fn ranks(&self) -> Vec<i32> {
         let mut ranks = Vec::with_capacity(self.len());
         for i in 0..self.len() {
-            let r = if i > 0 && self.left[i - 1] == self.left[i] { ranks[i - 1] + 1 } else { 1 };
+            let r = if i > 0 && self.left[i - 1] == self.left[i] {
+                ranks[i - 1] + 1
+            } else {
+                1
+            };
             ranks.push(r);
         }
         ranks
@@ -66,7 +71,12 @@ pub struct ProbeOptions {
 /// Rows per parallel task: small enough to balance skewed degrees across cores.
 const ROWS_PER_TASK: usize = 8;
 
-pub fn probe(index: &CpuIndex, left: &SparseBatch, selection: Selection, options: ProbeOptions) -> PairList {
+pub fn probe(
+    index: &CpuIndex,
+    left: &SparseBatch,
+    selection: Selection,
+    options: ProbeOptions,
+) -> PairList {
     let rows = left.len();
     let chunks: Vec<PairList> = (0..rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
@@ -85,7 +95,15 @@ pub fn probe(index: &CpuIndex, left: &SparseBatch, selection: Selection, options
                         .map(|first| first + row as u64)
                         .filter(|&p| p < index.rows as u64)
                         .map(|p| p as usize);
-                    probe_row(index, left.row(row), row as u32, skip, selection, ws, &mut out);
+                    probe_row(
+                        index,
+                        left.row(row),
+                        row as u32,
+                        skip,
+                        selection,
+                        ws,
+                        &mut out,
+                    );
                 }
                 out
             },
@@ -100,8 +118,7 @@ pub fn probe(index: &CpuIndex, left: &SparseBatch, selection: Selection, options
 
 /// Per-thread scratch, reused across rows.
 struct Workspace {
-    acc0: Vec<f64>,
-    acc1: Vec<f64>,
+    folded: FoldedScratch,
     topk: TopK,
     // Chebyshev: the left row scattered over column ids, and a stamp per column.
     dense: Vec<f32>,
@@ -115,14 +132,30 @@ struct Workspace {
 impl Workspace {
     fn new(index: &CpuIndex) -> Self {
         let cheb = index.metric.kind == MetricKind::Chebyshev;
-        let two = !cheb && with_semiring!(index.metric, s => needs_second(&s));
+        let folded = if cheb {
+            FoldedScratch::default()
+        } else {
+            let two = with_semiring!(index.metric, s => needs_second(&s));
+            FoldedScratch::new(index.rows, two)
+        };
         Workspace {
-            acc0: if cheb { Vec::new() } else { vec![0.0; index.rows] },
-            acc1: if two { vec![0.0; index.rows] } else { Vec::new() },
+            folded,
             topk: TopK::default(),
-            dense: if cheb { vec![0.0; index.column_count] } else { Vec::new() },
-            left_stamp: if cheb { vec![0; index.column_count] } else { Vec::new() },
-            hit_stamp: if cheb { vec![0; index.column_count] } else { Vec::new() },
+            dense: if cheb {
+                vec![0.0; index.column_count]
+            } else {
+                Vec::new()
+            },
+            left_stamp: if cheb {
+                vec![0; index.column_count]
+            } else {
+                Vec::new()
+            },
+            hit_stamp: if cheb {
+                vec![0; index.column_count]
+            } else {
+                Vec::new()
+            },
             stamp: 0,
             hit: 0,
             sorted: Vec::new(),
@@ -132,6 +165,24 @@ impl Workspace {
 
 fn needs_second<S: Semiring>(_: &S) -> bool {
     S::TWO_ACCUMULATORS
+}
+
+/// Whether the folded `pair(x, 0)` is exactly 0 and cheap, so a dense column (zeros where a right
+/// row lacks it) can be added without testing each value. For the others a zero must be skipped:
+/// their pair assumes both sides nonzero (canberra, the set metrics, kl, js) or is costly enough
+/// (powf) that skipping the zeros wins.
+fn pair_vanishes(kind: MetricKind) -> bool {
+    matches!(
+        kind,
+        MetricKind::Dot
+            | MetricKind::Cosine
+            | MetricKind::Euclidean
+            | MetricKind::SqEuclidean
+            | MetricKind::Correlation
+            | MetricKind::Manhattan
+            | MetricKind::BrayCurtis
+            | MetricKind::Hellinger
+    )
 }
 
 fn probe_row(
@@ -144,13 +195,21 @@ fn probe_row(
     out: &mut PairList,
 ) {
     let metric = index.metric;
-    let similarity = metric.kind.is_similarity();
+    if metric.kind != MetricKind::Chebyshev {
+        let scratch = &mut ws.folded;
+        let masked = !pair_vanishes(metric.kind);
+        with_semiring!(metric, s => if masked {
+            folded_row::<_, true>(&s, index, row, left_row, skip, selection, scratch, out)
+        } else {
+            folded_row::<_, false>(&s, index, row, left_row, skip, selection, scratch, out)
+        });
+        return;
+    }
     if let Selection::Nearest(k) = selection {
         ws.topk.reset(k);
     }
-    // Distances are offered to the top-k as keys where smaller is nearer.
     let mut offer = |j: usize, d: f64, ws_topk: &mut TopK| match selection {
-        Selection::Nearest(_) => ws_topk.push(if similarity { -d } else { d }, j as u32),
+        Selection::Nearest(_) => ws_topk.push(d, j as u32),
         Selection::Within(radius) => {
             if metric.within(d, radius) {
                 out.left.push(left_row);
@@ -159,59 +218,13 @@ fn probe_row(
             }
         }
     };
-
-    if metric.kind == MetricKind::Chebyshev {
-        chebyshev_row(index, row, skip, ws, &mut offer);
-    } else {
-        with_semiring!(metric, s => folded_row(&s, index, row, skip, ws, &mut offer));
-    }
-
+    chebyshev_row(index, row, skip, ws, &mut offer);
     if let Selection::Nearest(_) = selection {
         for (key, j) in ws.topk.drain_sorted() {
             out.left.push(left_row);
             out.right.push(j);
-            out.distance.push(if similarity { -key } else { key });
+            out.distance.push(key);
         }
-    }
-}
-
-#[inline(never)]
-fn folded_row<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    (indices, values): (&[i32], &[f32]),
-    skip: Option<usize>,
-    ws: &mut Workspace,
-    offer: &mut impl FnMut(usize, f64, &mut TopK),
-) {
-    let nonzero = || values.iter().copied().filter(|v| *v != 0.0);
-    let left_totals = s.totals(nonzero());
-    let acc0 = &mut ws.acc0[..];
-    let acc1 = &mut ws.acc1[..];
-    for (&c, &x) in indices.iter().zip(values) {
-        if x == 0.0 {
-            continue;
-        }
-        let Some(col) = index.columns.get(c) else { continue };
-        let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
-        let rows = &index.col_rows[start..end];
-        let vals = &index.col_vals[start..end];
-        for (&j, &y) in rows.iter().zip(vals) {
-            let (a, b) = s.pair(x, y);
-            acc0[j as usize] += a;
-            if S::TWO_ACCUMULATORS {
-                acc1[j as usize] += b;
-            }
-        }
-    }
-    let totals: &[RowTotals] = &index.totals;
-    for j in 0..index.rows {
-        let a0 = std::mem::take(&mut acc0[j]);
-        let a1 = if S::TWO_ACCUMULATORS { std::mem::take(&mut acc1[j]) } else { 0.0 };
-        if !index.valid[j] || skip == Some(j) {
-            continue;
-        }
-        offer(j, s.finish(a0, a1, &left_totals, &totals[j]), &mut ws.topk);
     }
 }
 
@@ -262,7 +275,11 @@ fn chebyshev_row(
                 m = m.max(y.abs());
             }
         }
-        if let Some(&(_, ax)) = ws.sorted.iter().find(|(col, _)| ws.hit_stamp[*col as usize] != ws.hit) {
+        if let Some(&(_, ax)) = ws
+            .sorted
+            .iter()
+            .find(|(col, _)| ws.hit_stamp[*col as usize] != ws.hit)
+        {
             m = m.max(ax as f64);
         }
         offer(j, m, &mut ws.topk);

@@ -22,7 +22,9 @@ impl PartialOrd for Entry {
 }
 impl Ord for Entry {
     fn cmp(&self, other: &Self) -> Ordering {
-        self.key.total_cmp(&other.key).then(self.row.cmp(&other.row))
+        self.key
+            .total_cmp(&other.key)
+            .then(self.row.cmp(&other.row))
     }
 }
 
@@ -39,6 +41,24 @@ impl TopK {
         self.k = k;
         self.heap.clear();
         self.worst = f64::INFINITY;
+    }
+
+    /// Whether `push(key, _)` would keep the entry: a cheap test before offering many keys.
+    #[inline]
+    pub fn admits(&self, key: f64) -> bool {
+        self.heap.len() < self.k || key < self.worst
+    }
+
+    /// True once k entries are kept, from when on only keys below [`TopK::worst`] get in.
+    #[inline]
+    pub fn is_full(&self) -> bool {
+        self.heap.len() >= self.k
+    }
+
+    /// The admission threshold of a full top-k (infinity before).
+    #[inline]
+    pub fn worst(&self) -> f64 {
+        self.worst
     }
 
     /// Rows must be offered in increasing order, so an equal key never displaces an earlier row.

@@ -1,52 +1,86 @@
-//! The CUDA backend (work in progress: this is the interface the planner uses).
+//! The CUDA backend: the semiring kernels of `kernels/` behind `knn_join`, `radius_join` and
+//! `sparse_distance`, compiled at run time with NVRTC for the device's own architecture.
+//!
+//! Everything goes through cudarc with dynamic loading: a build needs no CUDA, and a machine
+//! without a driver or a device answers `is_available() == false` and a clear error from
+//! `GpuIndex::build`.
 
-use datafusion::common::{exec_err, Result};
+mod device;
+mod index;
+pub mod kernels;
 
-use crate::cpu::{PairList, ProbeOptions, Selection};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use datafusion::common::Result;
+
+pub use index::GpuIndex;
+
 use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
 /// Settings of one GPU join.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
-    /// Device memory the operator may use, in bytes (None: the device's free memory).
+    /// Device memory the operator may use, in bytes (None: most of the device's free memory).
     pub memory_limit: Option<u64>,
 }
 
 /// Counters an operator reports in EXPLAIN ANALYZE.
 #[derive(Debug, Clone, Default)]
 pub struct GpuStats {
+    /// Bytes copied from the host to the device (right side once, then every left batch).
     pub bytes_to_device: u64,
+    /// Time inside kernels, measured with device events.
     pub kernel_nanos: u64,
+    /// Largest device memory held at once by the index's own buffers (right side + one probe).
     pub peak_device_bytes: u64,
 }
 
 /// Whether a CUDA driver and at least one device can be used.
 pub fn is_available() -> bool {
-    false
+    device::device(0).is_ok()
 }
 
-/// The right side of a join, resident on the device.
-#[derive(Debug)]
-pub struct GpuIndex {}
+/// A one-line description of the device that `GpuIndex::build` uses (for EXPLAIN and the CLI),
+/// or the reason there is none.
+pub fn describe() -> String {
+    match device::device(0) {
+        Ok(d) => format!("{d:?}"),
+        Err(e) => e.to_string(),
+    }
+}
 
 impl GpuIndex {
-    pub fn build(_right: &SparseBatch, _metric: &Metric, _options: &GpuOptions) -> Result<Self> {
-        exec_err!("device=gpu: no CUDA GPU backend in this build")
-    }
-
-    pub fn probe(&self, _left: &SparseBatch, _selection: Selection, _options: ProbeOptions) -> Result<PairList> {
-        exec_err!("device=gpu: no CUDA GPU backend in this build")
-    }
-
-    pub fn stats(&self) -> GpuStats {
-        GpuStats::default()
+    /// Prepares `right` and uploads it to the first GPU. Errors (no driver, no device, kernels
+    /// that fail to compile, not enough memory) say what went wrong.
+    pub fn build(right: &SparseBatch, metric: &Metric, options: &GpuOptions) -> Result<Self> {
+        let device = device::device(0)?;
+        Self::build_on(device, right, metric, options)
     }
 }
 
-/// Totals over every GPU operator of this process since the last reset (for `sparse-knn bench`).
+static BYTES_TO_DEVICE: AtomicU64 = AtomicU64::new(0);
+static KERNEL_NANOS: AtomicU64 = AtomicU64::new(0);
+static PEAK_DEVICE_BYTES: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn record_process_stats(s: &GpuStats) {
+    BYTES_TO_DEVICE.fetch_add(s.bytes_to_device, Ordering::Relaxed);
+    KERNEL_NANOS.fetch_add(s.kernel_nanos, Ordering::Relaxed);
+    PEAK_DEVICE_BYTES.fetch_max(s.peak_device_bytes, Ordering::Relaxed);
+}
+
+/// Totals over every GPU operator of this process since the last reset (for `sparse-knn bench`);
+/// the peak is the largest of any one index.
 pub fn process_stats() -> GpuStats {
-    GpuStats::default()
+    GpuStats {
+        bytes_to_device: BYTES_TO_DEVICE.load(Ordering::Relaxed),
+        kernel_nanos: KERNEL_NANOS.load(Ordering::Relaxed),
+        peak_device_bytes: PEAK_DEVICE_BYTES.load(Ordering::Relaxed),
+    }
 }
 
-pub fn reset_process_stats() {}
+pub fn reset_process_stats() {
+    BYTES_TO_DEVICE.store(0, Ordering::Relaxed);
+    KERNEL_NANOS.store(0, Ordering::Relaxed);
+    PEAK_DEVICE_BYTES.store(0, Ordering::Relaxed);
+}

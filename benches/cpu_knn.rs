@@ -1,0 +1,207 @@
+//! CPU backend benchmark: `CpuIndex::build` + `probe` for Q queries (the first Q rows) against all
+//! rows of a Parquet file's sparse-vector column, k nearest, every metric.
+//!
+//! ```text
+//! cargo bench --bench cpu_knn -- --parquet /tmp/powerlaw_2m.parquet -q 2000 --json ours.json
+//! ```
+//! The anchors (scikit-learn, sparse_dot_topn) come from `bench/cpu_anchors.py` on the same file;
+//! `bench/run_cpu_bench.sh` runs both and prints the comparison.
+
+use std::fs::File;
+use std::io::Write;
+use std::time::Instant;
+
+use arrow::array::{Array, ArrayRef};
+use arrow::datatypes::DataType;
+use clap::Parser;
+use datafusion_sparse_knn::cpu::{probe, CpuIndex, PairList, ProbeOptions, Selection};
+use datafusion_sparse_knn::metric::{Metric, MetricKind};
+use datafusion_sparse_knn::vector::VectorCheck;
+use datafusion_sparse_knn::SparseBatch;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Parquet file with one sparse-vector column.
+    #[arg(long)]
+    parquet: String,
+    /// The vector column (default: the first struct column).
+    #[arg(long)]
+    column: Option<String>,
+    /// Queries: the first Q rows.
+    #[arg(short, long, default_value_t = 2000)]
+    queries: usize,
+    #[arg(short, default_value_t = 10)]
+    k: usize,
+    /// Comma-separated metrics, or `all`.
+    #[arg(long, default_value = "all")]
+    metrics: String,
+    /// Best of this many runs.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
+    /// Check this many queries' neighbours against `Metric::distance` brute force.
+    #[arg(long, default_value_t = 0)]
+    check: usize,
+    /// Write the results here as JSON.
+    #[arg(long)]
+    json: Option<String>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn read_column(path: &str, column: Option<&str>) -> ArrayRef {
+    let file = File::open(path).unwrap_or_else(|e| panic!("cannot open {path}: {e}"));
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .unwrap()
+        .build()
+        .unwrap();
+    let batches: Vec<_> = reader.map(|b| b.unwrap()).collect();
+    let schema = batches[0].schema();
+    let idx = match column {
+        Some(c) => schema.index_of(c).unwrap(),
+        None => schema
+            .fields()
+            .iter()
+            .position(|f| matches!(f.data_type(), DataType::Struct(_)))
+            .expect("a struct column"),
+    };
+    let parts: Vec<&dyn Array> = batches.iter().map(|b| b.column(idx).as_ref()).collect();
+    arrow::compute::concat(&parts).unwrap()
+}
+
+/// Brute force with the row-by-row definition, for `--check`.
+fn check(
+    metric: &Metric,
+    right: &SparseBatch,
+    left: &SparseBatch,
+    got: &PairList,
+    k: usize,
+    n: usize,
+) {
+    let mut worst = 0.0f64;
+    for q in 0..n.min(left.len()) {
+        let mut all: Vec<(f64, u32)> = (0..right.len())
+            .map(|j| {
+                let d = metric.distance(left.row(q), right.row(j));
+                (if metric.kind.is_similarity() { -d } else { d }, j as u32)
+            })
+            .collect();
+        all.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let want: Vec<f64> = all[..k.min(all.len())]
+            .iter()
+            .map(|e| {
+                if metric.kind.is_similarity() {
+                    -e.0
+                } else {
+                    e.0
+                }
+            })
+            .collect();
+        let have: Vec<f64> = (0..got.len())
+            .filter(|&i| got.left[i] == q as u32)
+            .map(|i| got.distance[i])
+            .collect();
+        assert_eq!(
+            want.len(),
+            have.len(),
+            "{metric}: query {q} has {} neighbours",
+            have.len()
+        );
+        for (w, h) in want.iter().zip(&have) {
+            if w.is_infinite() && w == h {
+                continue;
+            }
+            let err = (w - h).abs() / w.abs().max(1.0);
+            worst = worst.max(err);
+            assert!(
+                err <= 1e-4,
+                "{metric}: query {q}: want {want:?}, have {have:?}"
+            );
+        }
+    }
+    println!("    check: {n} queries, worst relative error {worst:.1e}");
+}
+
+fn main() {
+    let args = Args::parse();
+    let array = read_column(&args.parquet, args.column.as_deref());
+    let right = SparseBatch::try_from_array(array.as_ref(), &VectorCheck::new("vec")).unwrap();
+    let q = args.queries.min(right.len());
+    let left =
+        SparseBatch::try_from_array(array.slice(0, q).as_ref(), &VectorCheck::new("vec")).unwrap();
+    let dim = right.max_dim() as u64;
+    let threads = rayon::current_num_threads();
+    println!(
+        "{}: {} rows, nnz {}, dim {dim}; {q} queries, k={}, {threads} threads",
+        args.parquet,
+        right.len(),
+        right.nnz(),
+        args.k
+    );
+
+    let kinds: Vec<MetricKind> = if args.metrics == "all" {
+        MetricKind::all().collect()
+    } else {
+        args.metrics
+            .split(',')
+            .map(|m| m.parse().unwrap())
+            .collect()
+    };
+    println!(
+        "{:<14} {:>9} {:>9} {:>9} {:>11}",
+        "metric", "build_s", "probe_s", "total_s", "index_MiB"
+    );
+    let mut json = Vec::new();
+    for kind in kinds {
+        let metric = Metric::from_kind(kind, None, Some(dim)).unwrap();
+        let (mut build_s, mut probe_s) = (f64::INFINITY, f64::INFINITY);
+        let mut index_bytes = 0;
+        let mut pairs = PairList::default();
+        for _ in 0..args.repeat {
+            let t = Instant::now();
+            let index = CpuIndex::build(&right, &metric);
+            let b = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            pairs = probe(
+                &index,
+                &left,
+                Selection::Nearest(args.k),
+                ProbeOptions::default(),
+            );
+            let p = t.elapsed().as_secs_f64();
+            index_bytes = index.memory_size();
+            if b + p < build_s + probe_s {
+                (build_s, probe_s) = (b, p);
+            }
+        }
+        assert_eq!(pairs.len(), q * args.k.min(right.len()));
+        println!(
+            "{:<14} {build_s:>9.3} {probe_s:>9.3} {:>9.3} {:>11.1}",
+            kind.name(),
+            build_s + probe_s,
+            index_bytes as f64 / (1 << 20) as f64
+        );
+        if args.check > 0 {
+            check(&metric, &right, &left, &pairs, args.k, args.check);
+        }
+        json.push(format!(
+            "{{\"metric\": \"{}\", \"build_s\": {build_s}, \"probe_s\": {probe_s}, \"seconds\": {}, \"index_bytes\": {index_bytes}}}",
+            kind.name(),
+            build_s + probe_s
+        ));
+    }
+    if let Some(path) = &args.json {
+        let mut f = File::create(path).unwrap();
+        writeln!(
+            f,
+            "{{\"parquet\": \"{}\", \"rows\": {}, \"nnz\": {}, \"queries\": {q}, \"k\": {}, \"threads\": {threads}, \"results\": [\n{}\n]}}",
+            args.parquet,
+            right.len(),
+            right.nnz(),
+            args.k,
+            json.join(",\n")
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,21 @@
+-- String matching with hashed character n-grams (the paper's SEC EDGAR case, in SQL alone):
+-- company names that start with 'AB' whose 3-gram count vectors are within cosine distance 0.25
+-- of one another, i.e. near-duplicate spellings of the same company.
+-- Run from the repository root:  sparse-knn sql sql-examples/03_string_matching.sql
+CREATE EXTERNAL TABLE names STORED AS PARQUET LOCATION '../shared/data/sec_edgar_names_100k.parquet';
+
+CREATE TABLE grams AS
+SELECT name_id, name, sparse_char_ngrams(name, 3) AS vec
+FROM names
+WHERE name LIKE 'AB%'
+ORDER BY name_id
+LIMIT 2000;
+
+SELECT count(*) AS names, sum(sparse_nnz(vec)) AS ngrams FROM grams;
+
+-- Each unordered pair once, the pair of a name with itself left out.
+SELECT query_name, neighbor_name, round(distance, 3) AS cosine_distance
+FROM radius_join(grams, grams, 'cosine', 0.25)
+WHERE query_name_id < neighbor_name_id
+ORDER BY distance, query_name
+LIMIT 25;

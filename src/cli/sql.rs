@@ -1,0 +1,211 @@
+//! `sparse-knn sql`: run statements from -c, files or standard input and print query results.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use clap::{Args, ValueEnum};
+use datafusion::execution::context::SessionContext;
+use datafusion::sql::parser::DFParser;
+use datafusion::sql::sqlparser::dialect::dialect_from_str;
+use futures::StreamExt;
+
+use super::{register_path, session, CliError, CliResult};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Aligned text table.
+    Table,
+    /// CSV with a header line per query (nested values as text).
+    Csv,
+    /// One JSON object per row (newline-delimited JSON).
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct SqlArgs {
+    /// SQL to run (several statements separated by ';'); before any FILE.
+    #[arg(short = 'c', long = "command")]
+    pub command: Vec<String>,
+    /// Files of SQL statements, run in order; with no -c and no file, standard input is read.
+    pub files: Vec<PathBuf>,
+    /// Register a Parquet file or folder (or a .csv / .json file) as a table: NAME=PATH.
+    #[arg(long = "table", value_name = "NAME=PATH")]
+    pub tables: Vec<String>,
+    /// How query results are printed.
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+pub async fn run(args: SqlArgs) -> CliResult<()> {
+    let ctx = session()?;
+    for spec in &args.tables {
+        let Some((name, path)) = spec.split_once('=') else {
+            cli_bail!("--table '{spec}' is not of the form NAME=PATH");
+        };
+        register_path(&ctx, name.trim(), path.trim().as_ref()).await?;
+    }
+    let mut sources: Vec<(String, String)> = args
+        .command
+        .iter()
+        .map(|c| ("-c".to_string(), c.clone()))
+        .collect();
+    for f in &args.files {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| CliError(format!("cannot read {}: {e}", f.display())))?;
+        sources.push((f.display().to_string(), text));
+    }
+    if sources.is_empty() {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| CliError(format!("cannot read standard input: {e}")))?;
+        sources.push(("<stdin>".to_string(), text));
+    }
+    let mut printer = Printer::new(args.format);
+    for (label, text) in &sources {
+        run_script(&ctx, text, &mut printer).await.map_err(|e| {
+            if label == "-c" {
+                e
+            } else {
+                CliError(format!("{label}: {}", e.0))
+            }
+        })?;
+    }
+    Ok(())
+}
+
+/// Runs every statement of `text` in order, printing the results of those that return rows.
+pub async fn run_script(ctx: &SessionContext, text: &str, printer: &mut Printer) -> CliResult<()> {
+    let dialect_name = ctx
+        .state()
+        .config()
+        .options()
+        .sql_parser
+        .dialect
+        .to_string();
+    let dialect = dialect_from_str(&dialect_name)
+        .ok_or_else(|| CliError(format!("unsupported SQL dialect '{dialect_name}'")))?;
+    let statements = DFParser::parse_sql_with_dialect(text, dialect.as_ref())?;
+    for statement in statements {
+        // Planned one at a time against the current state, so a CREATE or SET is seen by the
+        // statements after it.
+        let plan = ctx.state().statement_to_plan(statement).await?;
+        let df = ctx.execute_logical_plan(plan).await?;
+        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+        let mut stream = df.execute_stream().await?;
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            // Table output needs every row to align the columns; the others stream.
+            if printer.format == Format::Table {
+                batches.push(batch);
+            } else {
+                printer.write(&batch)?;
+            }
+        }
+        if !schema.fields().is_empty() {
+            printer.finish_query(&schema, &batches)?;
+        }
+    }
+    Ok(())
+}
+
+/// Prints query results to standard output in one format.
+pub struct Printer {
+    format: Format,
+    header_written: bool,
+}
+
+impl Printer {
+    pub fn new(format: Format) -> Self {
+        Self {
+            format,
+            header_written: false,
+        }
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> CliResult<()> {
+        let mut out = std::io::stdout().lock();
+        match self.format {
+            Format::Table => unreachable!("tables are printed whole"),
+            Format::Csv => {
+                let batch = nested_as_text(batch)?;
+                let mut w = arrow::csv::WriterBuilder::new()
+                    .with_header(!self.header_written)
+                    .build(&mut out);
+                if batch.num_rows() > 0 || !self.header_written {
+                    w.write(&batch)?;
+                    self.header_written = true;
+                }
+            }
+            Format::Json => {
+                let mut w = arrow::json::LineDelimitedWriter::new(&mut out);
+                w.write(batch)?;
+                w.finish()?;
+            }
+        }
+        out.flush()?;
+        Ok(())
+    }
+
+    fn finish_query(&mut self, schema: &SchemaRef, batches: &[RecordBatch]) -> CliResult<()> {
+        let mut out = std::io::stdout().lock();
+        match self.format {
+            Format::Table => {
+                let table = arrow::util::pretty::pretty_format_batches_with_schema(
+                    schema.clone(),
+                    batches,
+                )?;
+                writeln!(out, "{table}")?;
+            }
+            Format::Csv => {
+                if !self.header_written {
+                    // A query with no rows still says which columns it has.
+                    let names: Vec<&str> =
+                        schema.fields().iter().map(|f| f.name().as_str()).collect();
+                    writeln!(out, "{}", names.join(","))?;
+                }
+            }
+            Format::Json => {}
+        }
+        out.flush()?;
+        self.header_written = false;
+        Ok(())
+    }
+}
+
+/// CSV cannot hold lists or structs: such columns are printed as Arrow displays them.
+fn nested_as_text(batch: &RecordBatch) -> CliResult<RecordBatch> {
+    if !batch
+        .schema()
+        .fields()
+        .iter()
+        .any(|f| f.data_type().is_nested())
+    {
+        return Ok(batch.clone());
+    }
+    let options = FormatOptions::default();
+    let mut fields = Vec::new();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for (field, column) in batch.schema().fields().iter().zip(batch.columns()) {
+        if field.data_type().is_nested() {
+            let formatter = ArrayFormatter::try_new(column.as_ref(), &options)?;
+            let text: StringArray = (0..column.len())
+                .map(|i| (!column.is_null(i)).then(|| formatter.value(i).to_string()))
+                .collect();
+            fields.push(Field::new(field.name(), DataType::Utf8, true));
+            columns.push(Arc::new(text));
+        } else {
+            fields.push(field.as_ref().clone());
+            columns.push(column.clone());
+        }
+    }
+    Ok(RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        columns,
+    )?)
+}

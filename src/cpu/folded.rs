@@ -1,0 +1,283 @@
+//! The kernel of every folded metric: one left row against all right rows.
+//!
+//! 1. Accumulate the semiring's sum over shared columns into a dense f64 accumulator (one slot per
+//!    right row): dense columns with a streaming vectorised pass, four at a time, sparse columns
+//!    by scattering their postings. f64 because the folded forms cancel (manhattan, js, the
+//!    expanded euclidean); the index keeps the f32 inputs exactly.
+//! 2. Select: a cheap *key* per right row, monotone in its distance (see [`KeyForm`]), is compared
+//!    block by block against the k-th key so far; only rows that beat it reach the heap. The
+//!    distance itself comes from the semiring's `finish`, for the k winners only.
+//!
+//! The kernel is compiled twice, for baseline x86-64 and for AVX2+FMA (chosen at run time), so the
+//! crate still runs on any x86-64 while the machines we run on get 256-bit vectors.
+
+use super::index::{CpuIndex, KeyForm, SPARSE};
+use super::probe::{PairList, Selection};
+use super::topk::TopK;
+use crate::metric::{RowTotals, Semiring};
+
+/// Scratch of one thread, reused across left rows.
+#[derive(Debug, Default)]
+pub(crate) struct FoldedScratch {
+    acc0: Vec<f64>,
+    acc1: Vec<f64>,
+    /// The left row's nonzeros by the layout of their column: (dense slot or column id, x).
+    dense_hits: Vec<(u32, f32)>,
+    sparse_hits: Vec<(u32, f32)>,
+    topk: TopK,
+}
+
+impl FoldedScratch {
+    pub(crate) fn new(rows: usize, two_accumulators: bool) -> Self {
+        Self {
+            acc0: vec![0.0; rows],
+            acc1: if two_accumulators {
+                vec![0.0; rows]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }
+    }
+}
+
+/// One left row: its pairs are appended to `out` (nearest first for knn, by right row for radius).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn folded_row<S: Semiring, const MASKED: bool>(
+    s: &S,
+    index: &CpuIndex,
+    row: (&[i32], &[f32]),
+    left_row: u32,
+    skip: Option<usize>,
+    selection: Selection,
+    ws: &mut FoldedScratch,
+    out: &mut PairList,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has the features the function is compiled for (checked just above).
+            unsafe {
+                folded_row_avx2::<S, MASKED>(s, index, row, left_row, skip, selection, ws, out)
+            };
+            return;
+        }
+    }
+    folded_row_impl::<S, MASKED>(s, index, row, left_row, skip, selection, ws, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn folded_row_avx2<S: Semiring, const MASKED: bool>(
+    s: &S,
+    index: &CpuIndex,
+    row: (&[i32], &[f32]),
+    left_row: u32,
+    skip: Option<usize>,
+    selection: Selection,
+    ws: &mut FoldedScratch,
+    out: &mut PairList,
+) {
+    folded_row_impl::<S, MASKED>(s, index, row, left_row, skip, selection, ws, out);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn folded_row_impl<S: Semiring, const MASKED: bool>(
+    s: &S,
+    index: &CpuIndex,
+    (indices, values): (&[i32], &[f32]),
+    left_row: u32,
+    skip: Option<usize>,
+    selection: Selection,
+    ws: &mut FoldedScratch,
+    out: &mut PairList,
+) {
+    let n = index.rows;
+    let left_totals = s.totals(values.iter().copied().filter(|v| *v != 0.0));
+    ws.dense_hits.clear();
+    ws.sparse_hits.clear();
+    for (&c, &x) in indices.iter().zip(values) {
+        if x == 0.0 {
+            continue;
+        }
+        let Some(col) = index.columns.get(c) else {
+            continue;
+        };
+        match index.dense_slot[col as usize] {
+            SPARSE => ws.sparse_hits.push((col, x)),
+            slot => ws.dense_hits.push((slot, x)),
+        }
+    }
+    let acc0 = &mut ws.acc0[..n];
+    let acc1: &mut [f64] = if S::TWO_ACCUMULATORS {
+        &mut ws.acc1[..n]
+    } else {
+        &mut []
+    };
+
+    let dense = |slot: u32| &index.dense_vals[slot as usize * n..(slot as usize + 1) * n];
+    let mut groups = ws.dense_hits.chunks_exact(4);
+    for g in &mut groups {
+        let cols = [dense(g[0].0), dense(g[1].0), dense(g[2].0), dense(g[3].0)];
+        let xs = [g[0].1, g[1].1, g[2].1, g[3].1];
+        add_dense::<S, MASKED, 4>(s, cols, xs, acc0, acc1);
+    }
+    for &(slot, x) in groups.remainder() {
+        add_dense::<S, MASKED, 1>(s, [dense(slot)], [x], acc0, acc1);
+    }
+
+    for &(col, x) in &ws.sparse_hits {
+        let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
+        let rows = &index.col_rows[start..end];
+        let vals = &index.col_vals[start..end];
+        for (&j, &y) in rows.iter().zip(vals) {
+            let (a, b) = s.pair(x, y);
+            acc0[j as usize] += a;
+            if S::TWO_ACCUMULATORS {
+                acc1[j as usize] += b;
+            }
+        }
+    }
+
+    let finish = |j: usize, acc0: &[f64], acc1: &[f64]| {
+        let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
+        s.finish(acc0[j], a1, &left_totals, &index.totals[j])
+    };
+    let keep = |j: usize| index.valid[j] && skip != Some(j);
+    match selection {
+        Selection::Nearest(k) => {
+            ws.topk.reset(k);
+            select_nearest(s, index, &left_totals, acc0, acc1, &keep, &mut ws.topk);
+            for (_, j) in ws.topk.drain_sorted() {
+                out.left.push(left_row);
+                out.right.push(j);
+                out.distance.push(finish(j as usize, acc0, acc1));
+            }
+        }
+        Selection::Within(radius) => {
+            for j in 0..n {
+                let d = finish(j, acc0, acc1);
+                if index.metric.within(d, radius) && keep(j) {
+                    out.left.push(left_row);
+                    out.right.push(j as u32);
+                    out.distance.push(d);
+                }
+            }
+        }
+    }
+    acc0.fill(0.0);
+    acc1.fill(0.0);
+}
+
+/// `acc[j] += Σ_g pair(x_g, col_g[j])` over all right rows: a streaming loop the compiler
+/// vectorises (f32 loads widened to f64), in place of a scatter through postings.
+#[inline(always)]
+fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
+    s: &S,
+    cols: [&[f32]; G],
+    xs: [f32; G],
+    acc0: &mut [f64],
+    acc1: &mut [f64],
+) {
+    let n = acc0.len();
+    let cols = cols.map(|c| &c[..n]);
+    if S::TWO_ACCUMULATORS {
+        let acc1 = &mut acc1[..n];
+        for j in 0..n {
+            let (mut a, mut b) = (0.0, 0.0);
+            for g in 0..G {
+                let y = cols[g][j];
+                if !MASKED || y != 0.0 {
+                    let (p, q) = s.pair(xs[g], y);
+                    a += p;
+                    b += q;
+                }
+            }
+            acc0[j] += a;
+            acc1[j] += b;
+        }
+    } else {
+        for j in 0..n {
+            let mut a = 0.0;
+            for g in 0..G {
+                let y = cols[g][j];
+                if !MASKED || y != 0.0 {
+                    a += s.pair(xs[g], y).0;
+                }
+            }
+            acc0[j] += a;
+        }
+    }
+}
+
+/// Right rows per admission test: a block's keys are computed with vector instructions, and a
+/// block where none beats the k-th key so far costs one comparison per row.
+const BLOCK: usize = 64;
+
+/// Offers every kept right row to `topk` by its key.
+#[inline(always)]
+fn select_nearest<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
+    left_totals: &RowTotals,
+    acc0: &[f64],
+    acc1: &[f64],
+    keep: &impl Fn(usize) -> bool,
+    topk: &mut TopK,
+) {
+    let n = index.rows;
+    let base = &index.key_base[..];
+    let totals = &index.totals[..n];
+    let negate = index.metric.kind.is_similarity();
+    let mut keys = [0.0f64; BLOCK];
+    let mut start = 0;
+    while start < n {
+        let len = BLOCK.min(n - start);
+        let keys = &mut keys[..len];
+        let a0 = &acc0[start..start + len];
+        match index.key_form {
+            KeyForm::Negated => {
+                for i in 0..len {
+                    keys[i] = -a0[i];
+                }
+            }
+            KeyForm::Scaled => {
+                let b = &base[start..start + len];
+                for i in 0..len {
+                    keys[i] = -a0[i] * b[i];
+                }
+            }
+            KeyForm::Shifted => {
+                let b = &base[start..start + len];
+                for i in 0..len {
+                    keys[i] = a0[i] + b[i];
+                }
+            }
+            KeyForm::Exact => {
+                let t = &totals[start..start + len];
+                for i in 0..len {
+                    let a1 = if S::TWO_ACCUMULATORS {
+                        acc1[start + i]
+                    } else {
+                        0.0
+                    };
+                    let d = s.finish(a0[i], a1, left_totals, &t[i]);
+                    keys[i] = if negate { -d } else { d };
+                }
+            }
+        }
+        let worst = topk.worst();
+        // A NaN key never enters a full top-k (nor in `TopK::push`), so `<` is the right test.
+        if !topk.is_full() || keys.iter().fold(false, |any, &k| any | (k < worst)) {
+            for (i, &key) in keys.iter().enumerate() {
+                if topk.admits(key) && keep(start + i) {
+                    topk.push(key, (start + i) as u32);
+                }
+            }
+        }
+        start += len;
+    }
+}

@@ -1,0 +1,147 @@
+//! Device discovery, one CUDA context per device, and the kernels compiled once per device.
+
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
+
+use super::kernels;
+
+/// Turns a driver error into a DataFusion error that says what was being done.
+pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionError + '_ {
+    move |e| exec_datafusion_err!("GPU: {what} failed: {e}")
+}
+
+/// One GPU: its context, the stream every operation of this crate runs on, and its properties.
+pub(crate) struct Device {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    pub ordinal: usize,
+    pub name: String,
+    pub sm_count: u32,
+    /// Largest dynamic shared memory one block may opt into.
+    pub smem_optin: u32,
+    pub smem_per_sm: u32,
+    pub arch: String,
+    module: OnceLock<std::result::Result<Arc<CudaModule>, String>>,
+    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Probes of different operators share the device: one at a time.
+    pub lock: Mutex<()>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GPU {} ({}, {}, {} SMs)", self.ordinal, self.name, self.arch, self.sm_count)
+    }
+}
+
+/// Calls into the driver, turning cudarc's panic on a missing library into an error.
+fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(_) => Err(exec_datafusion_err!("GPU: {what}: the CUDA driver library could not be used")),
+    }
+}
+
+/// Number of CUDA devices, or an error saying why none can be used.
+pub(crate) fn device_count() -> Result<usize> {
+    static COUNT: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    COUNT
+        .get_or_init(|| {
+            // SAFETY: only tries to dlopen the candidate library names.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                return Err("no CUDA driver (libcuda.so) found".to_string());
+            }
+            guarded("device discovery", || {
+                CudaContext::device_count().map_err(cuda_err("listing CUDA devices"))
+            })
+            .map_err(|e| e.to_string())
+            .and_then(|n| if n > 0 { Ok(n as usize) } else { Err("the CUDA driver reports no device".to_string()) })
+        })
+        .clone()
+        .map_err(|e| exec_datafusion_err!("GPU: {e}"))
+}
+
+/// The device with this ordinal, its context created on first use.
+pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
+    static DEVICES: OnceLock<Vec<OnceLock<std::result::Result<Arc<Device>, String>>>> = OnceLock::new();
+    let count = device_count()?;
+    if ordinal >= count {
+        return Err(exec_datafusion_err!("GPU: no device {ordinal} ({count} found)"));
+    }
+    let slots = DEVICES.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
+    slots[ordinal]
+        .get_or_init(|| open(ordinal).map(Arc::new).map_err(|e| e.to_string()))
+        .clone()
+        .map_err(|e| exec_datafusion_err!("{e}"))
+}
+
+fn open(ordinal: usize) -> Result<Device> {
+    guarded("opening the device", || {
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating a CUDA context"))?;
+        // One stream, used in order: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: every buffer of this crate is used on `stream` only.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(cuda_err("creating a CUDA stream"))?;
+        let attr = |a| ctx.attribute(a).map_err(cuda_err("reading a device attribute"));
+        let (major, minor) = ctx.compute_capability().map_err(cuda_err("reading the compute capability"))?;
+        Ok(Device {
+            name: ctx.name().unwrap_or_else(|_| "CUDA device".to_string()),
+            sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+            smem_optin: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
+            smem_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u32,
+            arch: format!("compute_{major}{minor}"),
+            ctx,
+            stream,
+            ordinal,
+            module: OnceLock::new(),
+            functions: Mutex::new(HashMap::new()),
+            lock: Mutex::new(()),
+        })
+    })
+}
+
+impl Device {
+    /// The kernels, compiled with NVRTC for this device's architecture on first use.
+    fn module(&self) -> Result<Arc<CudaModule>> {
+        self.module
+            .get_or_init(|| {
+                let ptx = kernels::compile(&self.arch).map_err(|e| e.to_string())?;
+                guarded("loading the kernels", || {
+                    self.ctx.load_module(ptx).map_err(cuda_err("loading the compiled kernels"))
+                })
+                .map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| exec_datafusion_err!("{e}"))
+    }
+
+    /// A kernel of the module, allowed `smem` bytes of dynamic shared memory.
+    pub fn function(&self, name: &str, smem: u32) -> Result<CudaFunction> {
+        let module = self.module()?;
+        let mut cache = self.functions.lock().map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        let f = match cache.get(name) {
+            Some(f) => f.clone(),
+            None => {
+                let f = module.load_function(name).map_err(cuda_err("finding a kernel"))?;
+                cache.insert(name.to_string(), f.clone());
+                f
+            }
+        };
+        f.set_attribute(
+            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .map_err(cuda_err("raising a kernel's shared-memory limit"))?;
+        Ok(f)
+    }
+
+    /// Free and total device memory.
+    pub fn memory(&self) -> Result<(u64, u64)> {
+        let (free, total) = self.ctx.mem_get_info().map_err(cuda_err("reading free device memory"))?;
+        Ok((free as u64, total as u64))
+    }
+}

@@ -1,0 +1,105 @@
+//! Inputs given as a path: a Parquet file or a folder of them, read as a listing table.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use datafusion::catalog::TableProvider;
+use datafusion::common::config::{ConfigOptions, TableParquetOptions};
+use datafusion::common::{plan_err, Result};
+use datafusion::datasource::file_format::parquet::ParquetFormat;
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+/// Whether `text` looks like a path rather than a table name.
+pub fn looks_like_path(text: &str) -> bool {
+    text.contains('/')
+        || text.contains('\\')
+        || text.to_ascii_lowercase().ends_with(".parquet")
+        || Path::new(text).exists()
+}
+
+/// The first Parquet file of a file or folder (folders are read recursively, in name order).
+fn first_parquet_file(path: &Path) -> Option<PathBuf> {
+    if path.is_file() {
+        return Some(path.to_path_buf());
+    }
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    entries.sort();
+    entries
+        .iter()
+        .filter(|p| {
+            p.is_file()
+                && p.extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
+        })
+        .cloned()
+        .next()
+        .or_else(|| {
+            entries
+                .iter()
+                .filter(|p| p.is_dir())
+                .find_map(|p| first_parquet_file(p))
+        })
+}
+
+/// A table over a local Parquet file or folder. The schema is read from the first file's footer
+/// here, synchronously, because SQL planning is not async.
+pub fn parquet_table(
+    function: &str,
+    argument: &str,
+    path: &str,
+    config: &ConfigOptions,
+) -> Result<Arc<dyn TableProvider>> {
+    let local = Path::new(path);
+    if !local.exists() {
+        return plan_err!(
+            "{function}: {argument}: '{path}' is neither a registered table nor an existing Parquet \
+             file or folder (relative paths start at {})",
+            std::env::current_dir().map(|d| d.display().to_string()).unwrap_or_else(|_| "?".into())
+        );
+    }
+    let Some(file) = first_parquet_file(local) else {
+        return plan_err!("{function}: {argument}: folder '{path}' holds no .parquet file");
+    };
+    let schema = File::open(&file)
+        .map_err(|e| e.to_string())
+        .and_then(|f| ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| e.to_string()))
+        .map(|b| b.schema().clone());
+    let schema = match schema {
+        Ok(s) => s,
+        Err(e) => {
+            return plan_err!(
+                "{function}: {argument}: cannot read '{}' as Parquet: {e}",
+                file.display()
+            )
+        }
+    };
+    let format = ParquetFormat::default().with_options(TableParquetOptions {
+        global: config.execution.parquet.clone(),
+        ..Default::default()
+    });
+    let mut options = ListingOptions::new(Arc::new(format));
+    options = if local.is_dir() {
+        options.with_file_extension(".parquet")
+    } else {
+        options.with_file_extension("")
+    };
+    let url = ListingTableUrl::parse(path)?;
+    let table = ListingTable::try_new(
+        ListingTableConfig::new(url)
+            .with_listing_options(options)
+            .with_schema(Arc::new(strip_metadata(&schema))),
+    )?;
+    Ok(Arc::new(table))
+}
+
+/// Parquet footers carry the writer's Arrow schema as metadata; it is not part of the data.
+fn strip_metadata(schema: &arrow::datatypes::Schema) -> arrow::datatypes::Schema {
+    arrow::datatypes::Schema::new(schema.fields().clone())
+}

@@ -1,0 +1,384 @@
+//! What one join call asks for, shared by the logical node, the physical operator, the UDTF and
+//! the DataFrame API: the selection (k or radius), the metric, the options, and how the two
+//! inputs' columns map to the output columns.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use arrow::datatypes::{DataType, Field, FieldRef, Schema};
+use datafusion::common::{plan_err, Result};
+
+use crate::cpu::Selection;
+use crate::metric::Metric;
+use crate::options::{DeviceChoice, JoinOptions};
+use crate::vector::{is_sparse_vector_type, VectorCheck};
+
+/// Output column holding the distance of each pair.
+pub const DISTANCE_COLUMN: &str = "distance";
+/// Output column holding the 1-based rank of each neighbour (knn_join only).
+pub const RANK_COLUMN: &str = "rank";
+/// Prefix of the left input's columns in the output.
+pub const QUERY_PREFIX: &str = "query_";
+/// Prefix of the right input's columns in the output.
+pub const NEIGHBOR_PREFIX: &str = "neighbor_";
+
+/// Which pairs a join keeps.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum JoinKind {
+    /// The `k` nearest right rows of every left row.
+    Knn { k: usize },
+    /// Every pair within `radius` (for `dot`: at least `radius`).
+    Radius { radius: f64 },
+}
+
+impl JoinKind {
+    /// The SQL function name.
+    pub fn function_name(&self) -> &'static str {
+        match self {
+            JoinKind::Knn { .. } => "knn_join",
+            JoinKind::Radius { .. } => "radius_join",
+        }
+    }
+
+    pub fn selection(&self) -> Selection {
+        match *self {
+            JoinKind::Knn { k } => Selection::Nearest(k),
+            JoinKind::Radius { radius } => Selection::Within(radius),
+        }
+    }
+
+    /// Checks `k` / `radius` for `metric`; errors say what is valid.
+    pub fn check(&self, metric: &Metric) -> Result<()> {
+        match *self {
+            JoinKind::Knn { k } if k == 0 => {
+                plan_err!("knn_join: k must be a whole number >= 1, got 0")
+            }
+            JoinKind::Radius { radius } if !radius.is_finite() => {
+                plan_err!("radius_join: radius must be a finite number, got {radius}")
+            }
+            // A similarity threshold may be negative (dot >= -1 is a real question); a distance
+            // radius below zero can only ever match nothing, so it is surely a mistake.
+            JoinKind::Radius { radius } if radius < 0.0 && !metric.kind.is_similarity() => {
+                plan_err!(
+                    "radius_join: radius must be >= 0 for metric '{}', got {radius}",
+                    metric.name()
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Display for JoinKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinKind::Knn { k } => write!(f, "k={k}"),
+            JoinKind::Radius { radius } => write!(f, "radius={radius}"),
+        }
+    }
+}
+
+/// One join call: validated selection, metric and options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JoinSpec {
+    pub kind: JoinKind,
+    pub metric: Metric,
+    pub options: JoinOptions,
+}
+
+impl JoinSpec {
+    /// Parses the metric with the options' `p`/`dim` and checks `k`/`radius`.
+    pub fn new(kind: JoinKind, metric: &str, options: JoinOptions) -> Result<Self> {
+        let metric = options
+            .metric(metric)
+            .map_err(|e| e.context(format!("{}: argument 3 (metric)", kind.function_name())))?;
+        kind.check(&metric)?;
+        Ok(Self {
+            kind,
+            metric,
+            options,
+        })
+    }
+
+    pub fn function_name(&self) -> &'static str {
+        self.kind.function_name()
+    }
+
+    /// The row checks a vector column must pass for this metric.
+    pub fn vector_check(&self, column: &str) -> VectorCheck {
+        VectorCheck::new(column)
+            .with_dim(self.metric.dim)
+            .with_nonnegative_for(
+                self.metric
+                    .kind
+                    .needs_nonnegative()
+                    .then(|| self.metric.name()),
+            )
+    }
+
+    /// A stable text form of everything that defines the call (for Hash/Eq of plan nodes).
+    pub(crate) fn key(&self) -> String {
+        format!("{self:?}")
+    }
+}
+
+impl Hash for JoinSpec {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.key().hash(state)
+    }
+}
+
+impl fmt::Display for JoinSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "metric={}, {}", self.metric, self.kind)?;
+        if self.options.exclude_self {
+            write!(f, ", exclude_self=true")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which input a column belongs to, for messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Left,
+    Right,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Left => "left",
+            Side::Right => "right",
+        }
+    }
+
+    fn option(self) -> &'static str {
+        match self {
+            Side::Left => "left_column",
+            Side::Right => "right_column",
+        }
+    }
+
+    fn prefix(self) -> &'static str {
+        match self {
+            Side::Left => QUERY_PREFIX,
+            Side::Right => NEIGHBOR_PREFIX,
+        }
+    }
+}
+
+fn is_sparse_shaped(t: &DataType) -> bool {
+    matches!(t, DataType::Struct(_) | DataType::Map(_, _))
+}
+
+/// Finds the vector column of one input: the `left_column`/`right_column` option when given,
+/// else the one column of an accepted vector type. When several columns qualify and exactly one
+/// of them is sparse-shaped (struct or map; the others being dense lists), that one is taken.
+pub fn find_vector_column(
+    function: &str,
+    side: Side,
+    schema: &Schema,
+    chosen: Option<&str>,
+) -> Result<usize> {
+    let candidates: Vec<usize> = (0..schema.fields().len())
+        .filter(|&i| is_sparse_vector_type(schema.field(i).data_type()))
+        .collect();
+    let names = |idx: &[usize]| -> String {
+        if idx.is_empty() {
+            "none".to_string()
+        } else {
+            idx.iter()
+                .map(|&i| format!("'{}'", schema.field(i).name()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    if let Some(name) = chosen {
+        let found = schema
+            .fields()
+            .iter()
+            .position(|f| f.name() == name)
+            .or_else(|| {
+                schema
+                    .fields()
+                    .iter()
+                    .position(|f| f.name().eq_ignore_ascii_case(name))
+            });
+        return match found {
+            Some(i) if candidates.contains(&i) => Ok(i),
+            Some(i) => plan_err!(
+                "{function}: option {}='{name}': column of type {} is not a sparse vector; \
+                 sparse vector columns of the {} input: {}",
+                side.option(),
+                schema.field(i).data_type(),
+                side.name(),
+                names(&candidates)
+            ),
+            None => plan_err!(
+                "{function}: option {}='{name}': no such column in the {} input; \
+                 sparse vector columns there: {}",
+                side.option(),
+                side.name(),
+                names(&candidates)
+            ),
+        };
+    }
+    match candidates.as_slice() {
+        [one] => Ok(*one),
+        [] => plan_err!(
+            "{function}: the {} input has no sparse vector column (expected \
+             Struct{{indices: List<Int32>, values: List<Float32>}}, a Map<Int32, Float32> or a \
+             dense List<Float32>); its columns: {}",
+            side.name(),
+            schema
+                .fields()
+                .iter()
+                .map(|f| format!("{} {}", f.name(), f.data_type()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        many => {
+            let sparse: Vec<usize> = many
+                .iter()
+                .copied()
+                .filter(|&i| is_sparse_shaped(schema.field(i).data_type()))
+                .collect();
+            if let [one] = sparse.as_slice() {
+                return Ok(*one);
+            }
+            plan_err!(
+                "{function}: the {} input has several sparse vector columns ({}); pick one with \
+                 the option {}=<name>",
+                side.name(),
+                names(many),
+                side.option()
+            )
+        }
+    }
+}
+
+/// How the two inputs' columns become the output columns.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Layout {
+    pub left_vector: usize,
+    pub right_vector: usize,
+    /// Left columns copied to the output (as `query_<name>`), in input order.
+    pub left_others: Vec<usize>,
+    /// Right columns copied to the output (as `neighbor_<name>`), in input order.
+    pub right_others: Vec<usize>,
+    pub with_rank: bool,
+}
+
+impl Layout {
+    /// Resolves the vector columns (by name when `*_vector_name` is given, else by type and the
+    /// options) and lists the other columns.
+    pub fn new(spec: &JoinSpec, left: &Schema, right: &Schema) -> Result<Self> {
+        let function = spec.function_name();
+        let left_vector = find_vector_column(
+            function,
+            Side::Left,
+            left,
+            spec.options.left_column.as_deref(),
+        )?;
+        let right_vector = find_vector_column(
+            function,
+            Side::Right,
+            right,
+            spec.options.right_column.as_deref(),
+        )?;
+        Ok(Self {
+            left_vector,
+            right_vector,
+            left_others: (0..left.fields().len())
+                .filter(|&i| i != left_vector)
+                .collect(),
+            right_others: (0..right.fields().len())
+                .filter(|&i| i != right_vector)
+                .collect(),
+            with_rank: matches!(spec.kind, JoinKind::Knn { .. }),
+        })
+    }
+
+    /// The output schema: `query_*`, `neighbor_*`, `distance` and (knn) `rank`.
+    pub fn output_schema(&self, left: &Schema, right: &Schema) -> Schema {
+        let renamed = |side: Side, f: &FieldRef| -> Field {
+            f.as_ref()
+                .clone()
+                .with_name(format!("{}{}", side.prefix(), f.name()))
+        };
+        let mut fields: Vec<Field> = self
+            .left_others
+            .iter()
+            .map(|&i| renamed(Side::Left, &left.fields()[i]))
+            .chain(
+                self.right_others
+                    .iter()
+                    .map(|&i| renamed(Side::Right, &right.fields()[i])),
+            )
+            .collect();
+        fields.push(Field::new(DISTANCE_COLUMN, DataType::Float64, false));
+        if self.with_rank {
+            fields.push(Field::new(RANK_COLUMN, DataType::Int32, false));
+        }
+        Schema::new(fields)
+    }
+
+    /// For projection pushdown: the input columns needed to produce `output` columns. The
+    /// vector columns are always needed.
+    pub fn required_inputs(&self, output: &[usize]) -> (Vec<usize>, Vec<usize>) {
+        let nl = self.left_others.len();
+        let nr = self.right_others.len();
+        let mut left = vec![self.left_vector];
+        let mut right = vec![self.right_vector];
+        for &o in output {
+            if o < nl {
+                left.push(self.left_others[o]);
+            } else if o < nl + nr {
+                right.push(self.right_others[o - nl]);
+            }
+        }
+        left.sort_unstable();
+        left.dedup();
+        right.sort_unstable();
+        right.dedup();
+        (left, right)
+    }
+}
+
+/// Where a planned operator runs, once `auto` is resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Device {
+    Cpu,
+    Gpu,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        })
+    }
+}
+
+/// Resolves the `device` option against the machine.
+pub fn resolve_device(function: &str, choice: DeviceChoice) -> Result<Device> {
+    match choice {
+        DeviceChoice::Cpu => Ok(Device::Cpu),
+        DeviceChoice::Gpu if crate::gpu::is_available() => Ok(Device::Gpu),
+        DeviceChoice::Gpu => plan_err!(
+            "{function}: device=gpu but no CUDA GPU was found: no CUDA driver with a usable device \
+             is visible to this process; use device=cpu, or device=auto to fall back to the CPU"
+        ),
+        DeviceChoice::Auto => {
+            let device = if crate::gpu::is_available() {
+                Device::Gpu
+            } else {
+                Device::Cpu
+            };
+            log::info!("{function}: device=auto runs on the {device}");
+            Ok(device)
+        }
+    }
+}

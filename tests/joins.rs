@@ -1,0 +1,586 @@
+//! knn_join / radius_join against a brute force written with `sparse_distance` + ORDER BY over a
+//! CROSS JOIN, on small random tables (NULL and empty vectors, several partitions), for every
+//! metric; plus the DataFrame API, the UDTF form, exclude_self, memory limits and bad arguments.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
+use datafusion::datasource::MemTable;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion_sparse_knn::metric::MetricKind;
+use datafusion_sparse_knn::options::SparseKnnConfig;
+use datafusion_sparse_knn::{planner, SparseBatch};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const DIM: i32 = 40;
+
+/// Random rows: about 1 in 12 NULL, 1 in 12 empty, the rest 1..8 entries out of DIM columns.
+fn random_rows(rng: &mut StdRng, n: usize, nonnegative: bool) -> Vec<Option<Vec<(i32, f32)>>> {
+    (0..n)
+        .map(|_| match rng.random_range(0..12) {
+            0 => None,
+            1 => Some(vec![]),
+            _ => {
+                let degree = rng.random_range(1..8);
+                let mut cols: Vec<i32> = (0..degree).map(|_| rng.random_range(0..DIM)).collect();
+                cols.sort_unstable();
+                cols.dedup();
+                Some(
+                    cols.into_iter()
+                        .map(|c| {
+                            // Values on a coarse grid, so that exact ties happen.
+                            let v = rng.random_range(1..5) as f32 * 0.5;
+                            let sign = if !nonnegative && rng.random_bool(0.3) {
+                                -1.0
+                            } else {
+                                1.0
+                            };
+                            (c, sign * v)
+                        })
+                        .collect(),
+                )
+            }
+        })
+        .collect()
+}
+
+/// A table `(id BIGINT, v sparse vector, label TEXT)` split into `partitions` batches; ids start
+/// at `first_id` and follow row order.
+fn table(rows: &[Option<Vec<(i32, f32)>>], first_id: i64, partitions: usize) -> Arc<MemTable> {
+    let vectors = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("v", datafusion_sparse_knn::sparse_vector_type(), true),
+        Field::new("label", DataType::Utf8, false),
+    ]));
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        first_id..first_id + rows.len() as i64,
+    ));
+    let labels: ArrayRef = Arc::new(StringArray::from_iter_values(
+        (0..rows.len()).map(|i| format!("row{}", first_id + i as i64)),
+    ));
+    let batch = RecordBatch::try_new(
+        Arc::clone(&schema),
+        vec![ids, Arc::new(vectors.to_array()), labels],
+    )
+    .unwrap();
+    let per = rows.len().div_ceil(partitions);
+    let parts = (0..partitions)
+        .map(|p| {
+            let start = (p * per).min(rows.len());
+            let len = per.min(rows.len() - start);
+            vec![batch.slice(start, len)]
+        })
+        .collect();
+    Arc::new(MemTable::try_new(schema, parts).unwrap())
+}
+
+fn context() -> SessionContext {
+    let ctx = datafusion_sparse_knn::session_context();
+    let mut rng = StdRng::seed_from_u64(7);
+    let left = random_rows(&mut rng, 60, false);
+    let right = random_rows(&mut rng, 90, false);
+    let left_pos = random_rows(&mut rng, 60, true);
+    let right_pos = random_rows(&mut rng, 90, true);
+    ctx.register_table("l", table(&left, 0, 3)).unwrap();
+    ctx.register_table("r", table(&right, 1000, 2)).unwrap();
+    ctx.register_table("lp", table(&left_pos, 0, 3)).unwrap();
+    ctx.register_table("rp", table(&right_pos, 1000, 2))
+        .unwrap();
+    ctx
+}
+
+async fn query(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+    ctx.sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+async fn error(ctx: &SessionContext, sql: &str) -> String {
+    match ctx.sql(sql).await {
+        Err(e) => e.to_string(),
+        Ok(df) => match df.collect().await {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("{sql}: expected an error"),
+        },
+    }
+}
+
+/// `(query id, neighbor id, distance, rank)` rows of a result whose columns are named so.
+fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let q = b
+            .column_by_name("query_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let n = b
+            .column_by_name("neighbor_id")
+            .unwrap()
+            .as_primitive::<Int64Type>();
+        let d = b
+            .column_by_name("distance")
+            .unwrap()
+            .as_primitive::<Float64Type>();
+        let r = b
+            .column_by_name("rank")
+            .map(|r| r.as_primitive::<Int32Type>().clone());
+        for i in 0..b.num_rows() {
+            out.push((
+                q.value(i),
+                n.value(i),
+                d.value(i),
+                r.as_ref().map_or(0, |r| r.value(i)),
+            ));
+        }
+    }
+    out
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a.is_infinite() && b.is_infinite() && a.signum() == b.signum())
+        || (a - b).abs() <= 1e-4 * a.abs().max(b.abs()).max(1.0)
+}
+
+/// Every pair's distance through `sparse_distance`, in the brute force's nearest-first order.
+async fn reference(
+    ctx: &SessionContext,
+    left: &str,
+    right: &str,
+    metric: &str,
+    options: &str,
+) -> BTreeMap<i64, Vec<(i64, f64)>> {
+    let similarity = metric.parse::<MetricKind>().unwrap().is_similarity();
+    let sql = format!(
+        "SELECT q.id AS query_id, n.id AS neighbor_id, sparse_distance(q.v, n.v, '{metric}', '{options}') AS distance \
+         FROM {left} q CROSS JOIN {right} n WHERE q.v IS NOT NULL AND n.v IS NOT NULL \
+         ORDER BY q.id, distance {}, n.id",
+        if similarity { "DESC" } else { "ASC" }
+    );
+    let mut by_query: BTreeMap<i64, Vec<(i64, f64)>> = BTreeMap::new();
+    for (q, n, d, _) in pairs(&query(ctx, &sql).await) {
+        by_query.entry(q).or_default().push((n, d));
+    }
+    by_query
+}
+
+/// Checks a knn result against the brute force: per query, the same distances rank by rank and
+/// each reported neighbour really at its reported distance (a different neighbour is allowed
+/// only within a tie).
+fn check_knn(
+    metric: &str,
+    k: usize,
+    got: &[(i64, i64, f64, i32)],
+    want: &BTreeMap<i64, Vec<(i64, f64)>>,
+    skip_self: bool,
+) {
+    let mut by_query: BTreeMap<i64, Vec<(i64, f64, i32)>> = BTreeMap::new();
+    for &(q, n, d, r) in got {
+        by_query.entry(q).or_default().push((n, d, r));
+    }
+    let mut queries = 0;
+    for (q, all) in want {
+        let all: Vec<(i64, f64)> = all
+            .iter()
+            .copied()
+            .filter(|(n, _)| !(skip_self && n == q))
+            .collect();
+        let expect = &all[..k.min(all.len())];
+        let mut rows = by_query.remove(q).unwrap_or_default();
+        rows.sort_by_key(|r| r.2);
+        assert_eq!(
+            rows.len(),
+            expect.len(),
+            "{metric}: query {q}: {rows:?} vs {expect:?}"
+        );
+        let exact: BTreeMap<i64, f64> = all.iter().copied().collect();
+        for (i, ((n, d, rank), (_, wd))) in rows.iter().zip(expect).enumerate() {
+            assert_eq!(*rank as usize, i + 1, "{metric}: query {q}: ranks");
+            assert!(
+                close(*d, *wd),
+                "{metric}: query {q} rank {rank}: distance {d} vs brute force {wd}"
+            );
+            assert!(
+                close(*d, exact[n]),
+                "{metric}: query {q}: neighbour {n} reported at {d}, is at {}",
+                exact[n]
+            );
+            assert!(
+                !(skip_self && n == q),
+                "{metric}: exclude_self kept the pair ({q}, {n})"
+            );
+        }
+        queries += 1;
+    }
+    assert!(
+        by_query.is_empty(),
+        "{metric}: rows for queries with NULL vectors: {by_query:?}"
+    );
+    assert!(queries > 40, "too few non-null queries to be a test");
+}
+
+fn options_for(kind: MetricKind) -> &'static str {
+    match kind {
+        MetricKind::Minkowski => "p=3, device=cpu",
+        k if k.needs_dim() => "dim=40, device=cpu",
+        _ => "device=cpu",
+    }
+}
+
+fn tables_for(kind: MetricKind) -> (&'static str, &'static str) {
+    if kind.needs_nonnegative() {
+        ("lp", "rp")
+    } else {
+        ("l", "r")
+    }
+}
+
+#[tokio::test]
+async fn knn_join_equals_brute_force_for_every_metric() {
+    let ctx = context();
+    for kind in MetricKind::all() {
+        let metric = kind.name();
+        let options = options_for(kind);
+        let (left, right) = tables_for(kind);
+        let want = reference(&ctx, left, right, metric, options).await;
+        let sql = format!("SELECT * FROM knn_join({left}, {right}, '{metric}', 5, '{options}')");
+        check_knn(metric, 5, &pairs(&query(&ctx, &sql).await), &want, false);
+    }
+}
+
+#[tokio::test]
+async fn k_larger_than_the_right_side_returns_every_non_null_row() {
+    let ctx = context();
+    let want = reference(&ctx, "l", "r", "manhattan", "").await;
+    let got = pairs(&query(&ctx, "SELECT * FROM knn_join(l, r, 'l1', 500)").await);
+    check_knn("manhattan", 500, &got, &want, false);
+    let non_null_right = want.values().next().unwrap().len();
+    assert!(
+        non_null_right > 60 && non_null_right < 90,
+        "{non_null_right}"
+    );
+}
+
+#[tokio::test]
+async fn radius_join_equals_brute_force_for_every_metric() {
+    let ctx = context();
+    for kind in MetricKind::all() {
+        let metric = kind.name();
+        let options = options_for(kind);
+        let (left, right) = tables_for(kind);
+        let want = reference(&ctx, left, right, metric, options).await;
+        // The median finite distance keeps about half the pairs.
+        let mut all: Vec<f64> = want
+            .values()
+            .flatten()
+            .map(|p| p.1)
+            .filter(|d| d.is_finite())
+            .collect();
+        all.sort_by(f64::total_cmp);
+        let radius = all[all.len() / 2];
+        let sql = format!(
+            "SELECT * FROM radius_join({left}, {right}, '{metric}', {radius:?}, '{options}')"
+        );
+        let got = pairs(&query(&ctx, &sql).await);
+        let got_set: BTreeMap<(i64, i64), f64> =
+            got.iter().map(|&(q, n, d, _)| ((q, n), d)).collect();
+        assert_eq!(got_set.len(), got.len(), "{metric}: duplicate pairs");
+        let within = |d: f64| {
+            if kind.is_similarity() {
+                d >= radius
+            } else {
+                d <= radius
+            }
+        };
+        let mut expected = 0;
+        for (q, row) in &want {
+            for &(n, d) in row {
+                let borderline = close(d, radius);
+                match got_set.get(&(*q, n)) {
+                    Some(&gd) => {
+                        assert!(
+                            close(gd, d),
+                            "{metric}: ({q}, {n}) at {gd}, brute force {d}"
+                        );
+                        assert!(
+                            within(d) || borderline,
+                            "{metric}: ({q}, {n}) at {d} is outside {radius}"
+                        );
+                    }
+                    None => assert!(
+                        !within(d) || borderline,
+                        "{metric}: ({q}, {n}) at {d} missing (radius {radius})"
+                    ),
+                }
+                expected += within(d) as usize;
+            }
+        }
+        assert!(
+            expected > 0 && got.len() + 50 >= expected,
+            "{metric}: {} pairs, expected about {expected}",
+            got.len()
+        );
+        // Every result pair has non-null vectors on both sides.
+        assert!(got_set
+            .keys()
+            .all(|k| want.get(&k.0).is_some_and(|r| r.iter().any(|p| p.0 == k.1))));
+    }
+}
+
+#[tokio::test]
+async fn exclude_self_skips_the_same_row_position_over_several_partitions() {
+    let ctx = context();
+    let want = reference(&ctx, "l", "l", "cosine", "").await;
+    let got = pairs(
+        &query(
+            &ctx,
+            "SELECT * FROM knn_join(l, l, 'cosine', 4, 'exclude_self=true')",
+        )
+        .await,
+    );
+    check_knn("cosine", 4, &got, &want, true);
+    // Without the option a row is its own nearest neighbour whenever it is not the zero vector.
+    let with_self = pairs(&query(&ctx, "SELECT * FROM knn_join(l, l, 'euclidean', 1)").await);
+    assert!(
+        with_self.iter().all(|&(q, n, d, _)| q == n || d == 0.0),
+        "{with_self:?}"
+    );
+}
+
+#[tokio::test]
+async fn dataframe_api_builds_the_same_join() {
+    let ctx = context();
+    let left = ctx.table("l").await.unwrap();
+    let right = ctx.table("r").await.unwrap();
+    let df = planner::knn_join(left, right, "jaccard", 3, "device=cpu").unwrap();
+    let names: Vec<String> = df
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "query_id",
+            "query_label",
+            "neighbor_id",
+            "neighbor_label",
+            "distance",
+            "rank"
+        ]
+    );
+    let want = reference(&ctx, "l", "r", "jaccard", "").await;
+    check_knn(
+        "jaccard",
+        3,
+        &pairs(&df.collect().await.unwrap()),
+        &want,
+        false,
+    );
+
+    let left = ctx.table("l").await.unwrap();
+    let right = ctx.table("r").await.unwrap();
+    let df = planner::radius_join(left, right, "dot", 2.0, "").unwrap();
+    let got = pairs(&df.collect().await.unwrap());
+    let want = reference(&ctx, "l", "r", "dot", "").await;
+    let expected: usize = want.values().flatten().filter(|p| p.1 >= 2.0).count();
+    assert_eq!(got.len(), expected);
+    assert!(got.iter().all(|p| p.2 >= 2.0));
+
+    let left = ctx.table("l").await.unwrap();
+    let right = ctx.table("r").await.unwrap();
+    let e = planner::knn_join(left, right, "cosine", 0, "")
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("k must be a whole number >= 1"), "{e}");
+}
+
+#[tokio::test]
+async fn udtf_form_takes_table_names_as_strings() {
+    // A session with only the UDTFs: the relation planner is not there to catch the names.
+    let config = SessionConfig::new().with_option_extension(SparseKnnConfig::default());
+    let ctx = SessionContext::new_with_config(config);
+    datafusion_sparse_knn::udf::register(&ctx).unwrap();
+    planner::register_udtfs(&ctx);
+    let mut rng = StdRng::seed_from_u64(7);
+    let left = random_rows(&mut rng, 60, false);
+    let right = random_rows(&mut rng, 90, false);
+    ctx.register_table("l", table(&left, 0, 3)).unwrap();
+    ctx.register_table("r", table(&right, 1000, 2)).unwrap();
+    let want = reference(&ctx, "l", "r", "chebyshev", "").await;
+    let got = pairs(&query(&ctx, "SELECT * FROM knn_join('l', 'r', 'chebyshev', 3)").await);
+    check_knn("chebyshev", 3, &got, &want, false);
+    // Projections reorder and drop columns.
+    let batches = query(&ctx, "SELECT rank, neighbor_label, query_id FROM knn_join('l', 'r', 'cosine', 2) ORDER BY query_id, rank").await;
+    let schema = batches[0].schema();
+    let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+    assert_eq!(names, ["rank", "neighbor_label", "query_id"]);
+    let e = error(&ctx, "SELECT * FROM knn_join('l', 'nope', 'cosine', 2)").await;
+    assert!(e.contains("'nope' is neither a registered table"), "{e}");
+}
+
+#[tokio::test]
+async fn too_small_a_memory_limit_is_a_resources_error() {
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(20_000, 1.0)
+        .build_arc()
+        .unwrap();
+    let config = SessionConfig::new().with_option_extension(SparseKnnConfig::default());
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    datafusion_sparse_knn::register_all(&ctx).unwrap();
+    let mut rng = StdRng::seed_from_u64(3);
+    let rows = random_rows(&mut rng, 3000, false);
+    ctx.register_table("big", table(&rows, 0, 2)).unwrap();
+    let e = error(&ctx, "SELECT * FROM knn_join(big, big, 'cosine', 3)").await;
+    assert!(
+        e.contains("Resources exhausted") && e.contains("KnnJoinExec"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn explain_names_the_operator_and_analyze_shows_its_metrics() {
+    let ctx = context();
+    let batches = query(
+        &ctx,
+        "EXPLAIN SELECT query_id FROM knn_join(l, r, 'cosine', 10, 'device=cpu')",
+    )
+    .await;
+    let text = arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("KnnJoinExec: metric=cosine, k=10, device=cpu"),
+        "{text}"
+    );
+    assert!(
+        text.contains("KnnJoin: metric=cosine, k=10, device=cpu"),
+        "{text}"
+    );
+    let batches = query(
+        &ctx,
+        "EXPLAIN ANALYZE SELECT * FROM radius_join(l, r, 'l2', 1.5, 'device=cpu')",
+    )
+    .await;
+    let text = arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("RadiusJoinExec: metric=euclidean, radius=1.5, device=cpu"),
+        "{text}"
+    );
+    for metric in ["build_rows=90", "pairs=", "kernel_time=", "output_rows="] {
+        assert!(text.contains(metric), "{metric} missing: {text}");
+    }
+}
+
+#[tokio::test]
+async fn bad_arguments_say_what_is_valid() {
+    let ctx = context();
+    for (sql, needle) in [
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine', 0)",
+            "k) must be a whole number >= 1, got 0",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine', -3)",
+            "k) must be a whole number >= 1, got -3",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine', 2.5)",
+            "k) must be a whole number >= 1, got 2.5",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine', 'ten')",
+            "k) must be a whole number >= 1",
+        ),
+        (
+            "SELECT * FROM radius_join(l, r, 'cosine', -0.5)",
+            "radius must be >= 0 for metric 'cosine'",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosinus', 3)",
+            "unknown metric 'cosinus'; valid metrics: dot",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine', 3, 'colour=red')",
+            "unknown option 'colour'; valid keys",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'hamming', 3)",
+            "needs the dimension",
+        ),
+        ("SELECT * FROM knn_join(l, nope, 'cosine', 3)", "nope"),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine')",
+            "takes 4 or 5 arguments, got 3",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'cosine', 3, 'right_column=label')",
+            "is not a sparse vector",
+        ),
+        (
+            "SELECT * FROM knn_join(l, (SELECT id FROM r), 'cosine', 3)",
+            "the right input has no sparse vector column",
+        ),
+        (
+            "SELECT * FROM knn_join(lp, rp, 'kl', 3, 'dim=10')",
+            "index 1",
+        ),
+        (
+            "SELECT * FROM knn_join(l, r, 'hellinger', 3)",
+            "negative value",
+        ),
+    ] {
+        let e = error(&ctx, sql).await;
+        assert!(e.contains(needle), "{sql}: {e}");
+    }
+    if !datafusion_sparse_knn::gpu::is_available() {
+        let e = error(
+            &ctx,
+            "SELECT * FROM knn_join(l, r, 'cosine', 3, 'device=gpu')",
+        )
+        .await;
+        assert!(e.contains("device=gpu but no CUDA GPU was found"), "{e}");
+    }
+}
+
+#[tokio::test]
+async fn validation_errors_name_the_column_and_row() {
+    let ctx = context();
+    let e = error(&ctx, "SELECT * FROM knn_join(l, r, 'hellinger', 3)").await;
+    assert!(e.contains("sparse vector column 'v', row "), "{e}");
+}
+
+#[tokio::test]
+async fn projection_reaches_the_inputs_and_subqueries_work() {
+    let ctx = context();
+    let batches = query(&ctx, "EXPLAIN SELECT neighbor_id, distance FROM knn_join(l, (SELECT * FROM r WHERE id < 1050), 'cosine', 2)").await;
+    let text = arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    assert!(!text.contains("label"), "label should be pruned: {text}");
+    let got = pairs(&query(&ctx, "SELECT query_id, neighbor_id, distance, rank FROM knn_join(l, (SELECT * FROM r WHERE id < 1050), 'cosine', 2)").await);
+    assert!(!got.is_empty() && got.iter().all(|p| p.1 < 1050));
+    // An empty right side gives no rows, not an error.
+    let empty = query(
+        &ctx,
+        "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE id < 0), 'cosine', 2)",
+    )
+    .await;
+    assert_eq!(empty.iter().map(|b| b.num_rows()).sum::<usize>(), 0);
+    // A count(*) over the join needs no other column.
+    let n = query(&ctx, "SELECT count(*) FROM knn_join(l, r, 'cosine', 2)").await;
+    let n = n[0].column(0).as_primitive::<Int64Type>().value(0);
+    let non_null = query(&ctx, "SELECT count(v) FROM l").await;
+    let non_null = non_null[0].column(0).as_primitive::<Int64Type>().value(0);
+    assert_eq!(n, 2 * non_null);
+}
