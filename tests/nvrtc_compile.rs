@@ -13,11 +13,13 @@ fn every_kernel_compiles_with_nvrtc() {
             "SPARSE_KNN_REQUIRE_NVRTC=1 but libnvrtc cannot be loaded: put the folder holding \
              libnvrtc.so.13 (pip's nvidia/cu13/lib) on LD_LIBRARY_PATH"
         );
-        eprintln!("skipped: libnvrtc cannot be loaded (set SPARSE_KNN_REQUIRE_NVRTC=1 to fail instead)");
+        eprintln!(
+            "skipped: libnvrtc cannot be loaded (set SPARSE_KNN_REQUIRE_NVRTC=1 to fail instead)"
+        );
         return;
     }
-    // Hopper (the device machines) and the oldest architecture with the atomics the kernels use.
-    for arch in ["compute_90", "compute_70"] {
+    // Hopper (the device machines) and the oldest architecture CUDA 13 supports.
+    for arch in ["compute_90", "compute_75"] {
         let ptx = match kernels::compile(arch) {
             Ok(p) => p,
             Err(e) => panic!("{arch}: {e}"),

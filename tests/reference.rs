@@ -62,7 +62,11 @@ fn assert_no_failures(what: &str, failures: &[String]) {
         failures.len(),
         failures
             .iter()
-            .take(8)
+            .take(if std::env::var_os("SHOW_ALL_FAILURES").is_some() {
+                usize::MAX
+            } else {
+                8
+            })
             .cloned()
             .collect::<Vec<_>>()
             .join("\n")
@@ -868,4 +872,53 @@ fn scipy_figures_for_kos_rows() {
         );
     }
     assert_no_failures("scipy fixtures", &failures);
+}
+
+#[test]
+fn near_duplicate_rows_with_large_values() {
+    // Near-duplicate documents with large values: the case where a folded (expanded) form
+    // cancels. Each base row has 30 values in [1e4, 1e5); its copies move every value by a
+    // relative 1e-6 and list the entries in another order.
+    let mut r = rng(51);
+    let dim = 400;
+    let mut rows: Vec<Row> = Vec::new();
+    for _ in 0..6 {
+        let mut base: Entries = Vec::new();
+        while base.len() < 30 {
+            let i = rand::Rng::random_range(&mut r, 0..dim);
+            if !base.iter().any(|e| e.0 == i) {
+                base.push((i, rand::Rng::random_range(&mut r, 1e4..1e5) as f32));
+            }
+        }
+        rows.push(Some(base.clone()));
+        for _ in 0..3 {
+            let mut copy: Entries = base
+                .iter()
+                .map(|&(i, v)| {
+                    (
+                        i,
+                        (v as f64 * (1.0 + 1e-6 * rand::Rng::random_range(&mut r, -1.0..1.0)))
+                            as f32,
+                    )
+                })
+                .collect();
+            rand::seq::SliceRandom::shuffle(&mut copy[..], &mut r);
+            rows.push(Some(copy));
+        }
+    }
+    let mut failures = Vec::new();
+    for (name, metric) in metric_cases(dim as u64) {
+        check_distance_row_by_row(&metric, &name, &rows, &mut failures);
+    }
+    for metric in kind_cases(dim as u64) {
+        let refd = |i: usize, j: usize| {
+            reference_of(
+                &metric,
+                rows[i].as_ref().unwrap(),
+                rows[j].as_ref().unwrap(),
+            )
+        };
+        failures.extend(check_knn(&metric, &rows, &rows, 4, Some(0), &refd));
+    }
+    assert_no_failures("near duplicates with large values", &failures);
 }

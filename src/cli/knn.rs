@@ -8,7 +8,8 @@ use futures::StreamExt;
 use parquet::arrow::ArrowWriter;
 
 use super::{
-    parquet_rows, progress_bar, register_path, session, writer_properties, CliResult, OutputFile,
+    parquet_rows, progress_bar, register_path, session, writer_properties, CliError, CliResult,
+    OutputFile,
 };
 use crate::options::{DeviceChoice, JoinOptions};
 
@@ -84,16 +85,12 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     let ctx = session()?;
     register_path(&ctx, "knn_left", &args.left).await?;
     register_path(&ctx, "knn_right", &args.right).await?;
-    let mut sql = format!(
-        "SELECT * FROM knn_join(knn_left, knn_right, '{}', {}",
-        args.metric.replace('\'', "''"),
-        args.k
-    );
-    if !options_text.is_empty() {
-        sql.push_str(&format!(", '{}'", options_text.replace('\'', "''")));
-    }
-    sql.push(')');
-    let df = ctx.sql(&sql).await?;
+    // The DataFrame form builds the same logical node as SQL's knn_join, without quoting paths
+    // or metric names into a statement.
+    let left = ctx.table("knn_left").await?;
+    let right = ctx.table("knn_right").await?;
+    let k = usize::try_from(args.k).map_err(|_| CliError(format!("-k {} is too large", args.k)))?;
+    let df = crate::planner::knn_join(left, right, &args.metric, k, &options_text)?;
     let (output, file) = OutputFile::create(&args.output, args.overwrite)?;
     let start = Instant::now();
     let mut stream = df.execute_stream().await?;

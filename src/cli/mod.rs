@@ -144,7 +144,8 @@ pub fn main() -> ExitCode {
 /// A session with every sparse-knn function and setting registered.
 pub fn session() -> CliResult<SessionContext> {
     let config = SessionConfig::new().with_information_schema(true);
-    let ctx = SessionContext::new_with_config(config);
+    // URL tables let a query name a file directly: SELECT * FROM 'out.parquet'.
+    let ctx = SessionContext::new_with_config(config).enable_url_table();
     crate::register_all(&ctx)?;
     Ok(ctx)
 }

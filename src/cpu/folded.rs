@@ -151,11 +151,15 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
         Selection::Nearest(k) => {
             ws.topk.reset(k);
             select_nearest(s, index, &left_totals, acc0, acc1, &keep, &mut ws.topk);
+            let first = out.right.len();
             for (_, j) in ws.topk.drain_sorted() {
                 out.left.push(left_row);
                 out.right.push(j);
                 out.distance.push(finish(j as usize, acc0, acc1));
             }
+            // Keys rank like distances only up to rounding (and `finish` clamps): order the kept
+            // pairs by the distance reported, ties to the smaller right row (SPEC).
+            rank_by_distance(index.metric.kind.is_similarity(), out, first);
         }
         Selection::Within(radius) => {
             for j in 0..n {
@@ -170,6 +174,29 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
     }
     acc0.fill(0.0);
     acc1.fill(0.0);
+}
+
+/// Sorts the pairs from `first` on by distance (nearest first), then by right row.
+fn rank_by_distance(similarity: bool, out: &mut PairList, first: usize) {
+    let mut kept: Vec<(f64, u32)> = out.distance[first..]
+        .iter()
+        .copied()
+        .zip(out.right[first..].iter().copied())
+        .collect();
+    kept.sort_by(|a, b| {
+        let by_distance = if a.0 == b.0 {
+            std::cmp::Ordering::Equal
+        } else if similarity {
+            b.0.total_cmp(&a.0)
+        } else {
+            a.0.total_cmp(&b.0)
+        };
+        by_distance.then(a.1.cmp(&b.1))
+    });
+    for (i, (d, j)) in kept.into_iter().enumerate() {
+        out.distance[first + i] = d;
+        out.right[first + i] = j;
+    }
 }
 
 /// `acc[j] += Σ_g pair(x_g, col_g[j])` over all right rows: a streaming loop the compiler

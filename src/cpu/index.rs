@@ -191,7 +191,12 @@ impl CpuIndex {
             }
         }
         let dense_from = if self.rows >= DENSE_MIN_ROWS {
-            self.rows.div_ceil(DENSE_RATIO)
+            self.rows.div_ceil(
+                std::env::var("TMP_DENSE_RATIO")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(DENSE_RATIO),
+            )
         } else {
             usize::MAX
         };

@@ -7,3 +7,6 @@ mod topk;
 
 pub use index::CpuIndex;
 pub use probe::{probe, PairList, ProbeOptions, Selection};
+
+#[cfg(test)]
+mod tests;

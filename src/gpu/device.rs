@@ -34,7 +34,11 @@ pub(crate) struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "GPU {} ({}, {}, {} SMs)", self.ordinal, self.name, self.arch, self.sm_count)
+        write!(
+            f,
+            "GPU {} ({}, {}, {} SMs)",
+            self.ordinal, self.name, self.arch, self.sm_count
+        )
     }
 }
 
@@ -42,7 +46,9 @@ impl std::fmt::Debug for Device {
 fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(r) => r,
-        Err(_) => Err(exec_datafusion_err!("GPU: {what}: the CUDA driver library could not be used")),
+        Err(_) => Err(exec_datafusion_err!(
+            "GPU: {what}: the CUDA driver library could not be used"
+        )),
     }
 }
 
@@ -59,7 +65,13 @@ pub(crate) fn device_count() -> Result<usize> {
                 CudaContext::device_count().map_err(cuda_err("listing CUDA devices"))
             })
             .map_err(|e| e.to_string())
-            .and_then(|n| if n > 0 { Ok(n as usize) } else { Err("the CUDA driver reports no device".to_string()) })
+            .and_then(|n| {
+                if n > 0 {
+                    Ok(n as usize)
+                } else {
+                    Err("the CUDA driver reports no device".to_string())
+                }
+            })
         })
         .clone()
         .map_err(|e| exec_datafusion_err!("GPU: {e}"))
@@ -67,10 +79,13 @@ pub(crate) fn device_count() -> Result<usize> {
 
 /// The device with this ordinal, its context created on first use.
 pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
-    static DEVICES: OnceLock<Vec<OnceLock<std::result::Result<Arc<Device>, String>>>> = OnceLock::new();
+    static DEVICES: OnceLock<Vec<OnceLock<std::result::Result<Arc<Device>, String>>>> =
+        OnceLock::new();
     let count = device_count()?;
     if ordinal >= count {
-        return Err(exec_datafusion_err!("GPU: no device {ordinal} ({count} found)"));
+        return Err(exec_datafusion_err!(
+            "GPU: no device {ordinal} ({count} found)"
+        ));
     }
     let slots = DEVICES.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
     slots[ordinal]
@@ -85,14 +100,25 @@ fn open(ordinal: usize) -> Result<Device> {
         // One stream, used in order: cudarc's per-buffer event tracking is not needed.
         // SAFETY: every buffer of this crate is used on `stream` only.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.new_stream().map_err(cuda_err("creating a CUDA stream"))?;
-        let attr = |a| ctx.attribute(a).map_err(cuda_err("reading a device attribute"));
-        let (major, minor) = ctx.compute_capability().map_err(cuda_err("reading the compute capability"))?;
+        let stream = ctx
+            .new_stream()
+            .map_err(cuda_err("creating a CUDA stream"))?;
+        let attr = |a| {
+            ctx.attribute(a)
+                .map_err(cuda_err("reading a device attribute"))
+        };
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(cuda_err("reading the compute capability"))?;
         Ok(Device {
             name: ctx.name().unwrap_or_else(|_| "CUDA device".to_string()),
             sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-            smem_optin: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32,
-            smem_per_sm: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)? as u32,
+            smem_optin: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )? as u32,
+            smem_per_sm: attr(
+                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )? as u32,
             arch: format!("compute_{major}{minor}"),
             ctx,
             stream,
@@ -111,7 +137,9 @@ impl Device {
             .get_or_init(|| {
                 let ptx = kernels::compile(&self.arch).map_err(|e| e.to_string())?;
                 guarded("loading the kernels", || {
-                    self.ctx.load_module(ptx).map_err(cuda_err("loading the compiled kernels"))
+                    self.ctx
+                        .load_module(ptx)
+                        .map_err(cuda_err("loading the compiled kernels"))
                 })
                 .map_err(|e| e.to_string())
             })
@@ -122,11 +150,16 @@ impl Device {
     /// A kernel of the module, allowed `smem` bytes of dynamic shared memory.
     pub fn function(&self, name: &str, smem: u32) -> Result<CudaFunction> {
         let module = self.module()?;
-        let mut cache = self.functions.lock().map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        let mut cache = self
+            .functions
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
         let f = match cache.get(name) {
             Some(f) => f.clone(),
             None => {
-                let f = module.load_function(name).map_err(cuda_err("finding a kernel"))?;
+                let f = module
+                    .load_function(name)
+                    .map_err(cuda_err("finding a kernel"))?;
                 cache.insert(name.to_string(), f.clone());
                 f
             }
@@ -141,7 +174,10 @@ impl Device {
 
     /// Free and total device memory.
     pub fn memory(&self) -> Result<(u64, u64)> {
-        let (free, total) = self.ctx.mem_get_info().map_err(cuda_err("reading free device memory"))?;
+        let (free, total) = self
+            .ctx
+            .mem_get_info()
+            .map_err(cuda_err("reading free device memory"))?;
         Ok((free as u64, total as u64))
     }
 }

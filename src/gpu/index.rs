@@ -146,8 +146,16 @@ fn is_cheb(metric: &Metric) -> bool {
 
 /// Accumulator bytes per right row of a tile.
 fn acc_bytes(kind: MetricKind) -> usize {
-    let one = if kernels::accumulates_in_f64(kind) { 8 } else { 4 };
-    one * if kernels::two_accumulators(kind) { 2 } else { 1 }
+    let one = if kernels::accumulates_in_f64(kind) {
+        8
+    } else {
+        4
+    };
+    one * if kernels::two_accumulators(kind) {
+        2
+    } else {
+        1
+    }
 }
 
 /// Candidate-buffer entries for a top-k of `k`: room for k plus one round of the block.
@@ -160,25 +168,39 @@ fn folded_fixed_smem(k: usize) -> usize {
     cap_for(k, FOLDED_THREADS) * 8 + FOLDED_THREADS as usize * 12
 }
 
-fn upload<T: DeviceRepr>(device: &Device, data: &[T], stats: &mut GpuStats) -> Result<CudaSlice<T>> {
+fn upload<T: DeviceRepr>(
+    device: &Device,
+    data: &[T],
+    stats: &mut GpuStats,
+) -> Result<CudaSlice<T>> {
     stats.bytes_to_device += std::mem::size_of_val(data) as u64;
     if data.is_empty() {
         // A zero-byte allocation is an error in the driver: keep one (never read) element.
         // SAFETY: the element is never read by a kernel (lengths say the buffer is empty).
-        return unsafe { device.stream.alloc::<T>(1) }.map_err(cuda_err("allocating device memory"));
+        return unsafe { device.stream.alloc::<T>(1) }
+            .map_err(cuda_err("allocating device memory"));
     }
-    device.stream.clone_htod(data).map_err(cuda_err("copying to the device"))
+    device
+        .stream
+        .clone_htod(data)
+        .map_err(cuda_err("copying to the device"))
 }
 
 fn zeros<T: DeviceRepr + ValidAsZeroBits>(device: &Device, n: usize) -> Result<CudaSlice<T>> {
-    device.stream.alloc_zeros::<T>(n.max(1)).map_err(cuda_err("allocating device memory"))
+    device
+        .stream
+        .alloc_zeros::<T>(n.max(1))
+        .map_err(cuda_err("allocating device memory"))
 }
 
 fn download<T: DeviceRepr>(device: &Device, src: &CudaSlice<T>, n: usize) -> Result<Vec<T>> {
     if n == 0 {
         return Ok(Vec::new());
     }
-    let mut v = device.stream.clone_dtoh(&src.slice(0..n)).map_err(cuda_err("copying from the device"))?;
+    let mut v = device
+        .stream
+        .clone_dtoh(&src.slice(0..n))
+        .map_err(cuda_err("copying from the device"))?;
     v.truncate(n);
     Ok(v)
 }
@@ -192,7 +214,10 @@ impl GpuIndex {
     ) -> Result<Self> {
         let rows = right.len();
         if rows >= u32::MAX as usize || right.nnz() >= u32::MAX as usize {
-            return exec_err!("GPU: the right side is too large ({rows} rows, {} entries); use device=cpu", right.nnz());
+            return exec_err!(
+                "GPU: the right side is too large ({rows} rows, {} entries); use device=cpu",
+                right.nnz()
+            );
         }
         let (free, _) = device.memory()?;
         // Leave room for the context and other users of the device when no limit is given.
@@ -219,10 +244,14 @@ impl GpuIndex {
         let tile_rows = if is_cheb(metric) {
             0
         } else {
-            let per_block = (device.smem_optin as usize).min(device.smem_per_sm as usize / 2 - 1024);
+            let per_block =
+                (device.smem_optin as usize).min(device.smem_per_sm as usize / 2 - 1024);
             let avail = per_block.saturating_sub(folded_fixed_smem(MAX_DEVICE_K) + 256);
             let mut t = (avail / acc_bytes(metric.kind)) / 32 * 32;
-            if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS").ok().and_then(|s| s.parse::<usize>().ok()) {
+            if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS")
+                .ok()
+                .and_then(|s| s.parse::<usize>().ok())
+            {
                 // Testing knob: small tiles exercise the tile boundaries on small inputs.
                 t = t.min(forced.max(32) / 32 * 32);
             }
@@ -232,7 +261,11 @@ impl GpuIndex {
         // Parts: one when the prepared right side fits in 60% of the budget (the rest is for
         // probes); otherwise parts of at most 30% each, streamed per probe.
         let total_estimate = estimate_bytes(right, 0, rows, metric, &columns, tile_rows);
-        let part_limit = if total_estimate <= budget / 10 * 6 { u64::MAX } else { budget / 10 * 3 };
+        let part_limit = if total_estimate <= budget / 10 * 6 {
+            u64::MAX
+        } else {
+            budget / 10 * 3
+        };
         let mut ranges = Vec::new();
         let mut start = 0;
         while start < rows {
@@ -259,11 +292,20 @@ impl GpuIndex {
             .par_iter()
             .map(|&(s, e)| prepare_part(right, s, e, metric, &columns, tile_rows))
             .collect();
-        let parts_meta = host_parts.iter().map(|p| (p.first_row, p.rows, p.ntiles)).collect();
+        let parts_meta = host_parts
+            .iter()
+            .map(|p| (p.first_row, p.rows, p.ntiles))
+            .collect();
 
         let mut stats = GpuStats::default();
-        let _guard = device.lock.lock().map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        device.ctx.bind_to_thread().map_err(cuda_err("binding the CUDA context"))?;
+        let _guard = device
+            .lock
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        device
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the CUDA context"))?;
         let col_ids = match &columns {
             ColumnMap::Sorted(ids) => Some(upload(&device, ids, &mut stats)?),
             ColumnMap::Direct(_) => None,
@@ -279,7 +321,10 @@ impl GpuIndex {
         } else {
             (None, Some(host_parts), col_bytes)
         };
-        device.stream.synchronize().map_err(cuda_err("uploading the right side"))?;
+        device
+            .stream
+            .synchronize()
+            .map_err(cuda_err("uploading the right side"))?;
         stats.peak_device_bytes = resident_bytes;
         record_process_stats(&stats);
         drop(_guard);
@@ -292,21 +337,39 @@ impl GpuIndex {
             parts_meta,
             tile_rows,
             budget,
-            inner: Mutex::new(Inner { resident, col_ids, stats, resident_bytes }),
+            inner: Mutex::new(Inner {
+                resident,
+                col_ids,
+                stats,
+                resident_bytes,
+            }),
             right: right.clone(),
             cpu: OnceLock::new(),
         })
     }
 
     pub fn stats(&self) -> GpuStats {
-        self.inner.lock().map(|i| i.stats.clone()).unwrap_or_default()
+        self.inner
+            .lock()
+            .map(|i| i.stats.clone())
+            .unwrap_or_default()
     }
 
     pub fn rows(&self) -> usize {
         self.rows
     }
 
-    pub fn probe(&self, left: &SparseBatch, selection: Selection, options: ProbeOptions) -> Result<PairList> {
+    /// Parts the right side is cut into (1 when it stays on the device between probes).
+    pub fn parts(&self) -> usize {
+        self.parts_meta.len()
+    }
+
+    pub fn probe(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> Result<PairList> {
         if let Selection::Nearest(k) = selection {
             if k == 0 {
                 return Ok(PairList::default());
@@ -314,21 +377,36 @@ impl GpuIndex {
             if k > MAX_DEVICE_K {
                 // The device top-k keeps its candidates in shared memory; beyond this k the
                 // CPU backend answers (same results and order).
-                let index = self.cpu.get_or_init(|| CpuIndex::build(&self.right, &self.metric));
+                let index = self
+                    .cpu
+                    .get_or_init(|| CpuIndex::build(&self.right, &self.metric));
                 return Ok(cpu::probe(index, left, selection, options));
             }
         }
         if left.is_empty() || self.rows == 0 {
             return Ok(PairList::default());
         }
-        let mut inner = self.inner.lock().map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        let _guard = self.device.lock.lock().map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        self.device.ctx.bind_to_thread().map_err(cuda_err("binding the CUDA context"))?;
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        let _guard = self
+            .device
+            .lock
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        self.device
+            .ctx
+            .bind_to_thread()
+            .map_err(cuda_err("binding the CUDA context"))?;
         let mut probe_stats = GpuStats::default();
         let result = self.probe_locked(&mut inner, left, selection, options, &mut probe_stats);
         inner.stats.bytes_to_device += probe_stats.bytes_to_device;
         inner.stats.kernel_nanos += probe_stats.kernel_nanos;
-        inner.stats.peak_device_bytes = inner.stats.peak_device_bytes.max(probe_stats.peak_device_bytes);
+        inner.stats.peak_device_bytes = inner
+            .stats
+            .peak_device_bytes
+            .max(probe_stats.peak_device_bytes);
         record_process_stats(&probe_stats);
         result
     }
@@ -349,7 +427,10 @@ impl GpuIndex {
             let (part, part_bytes): (&DevPart, u64) = match &inner.resident {
                 Some(parts) => (&parts[p], 0),
                 None => {
-                    let host = &self.host_parts.as_ref().expect("host parts when not resident")[p];
+                    let host = &self
+                        .host_parts
+                        .as_ref()
+                        .expect("host parts when not resident")[p];
                     streamed = upload_part(device, host, stats)?;
                     let b = streamed.bytes;
                     (&streamed, b)
@@ -364,14 +445,18 @@ impl GpuIndex {
             while r0 < left.len() {
                 let r1 = self.chunk_end(left, r0, selection, work_budget);
                 let chunk = self.run_chunk(
-                    part, first_row, part_rows, ntiles, col_ids, left, r0, r1, selection, options, held, stats,
+                    part, first_row, part_rows, ntiles, col_ids, left, r0, r1, selection, options,
+                    held, stats,
                 )?;
                 out.extend_from(chunk);
                 r0 = r1;
             }
             per_part.push(out);
         }
-        device.stream.synchronize().map_err(cuda_err("finishing a probe"))?;
+        device
+            .stream
+            .synchronize()
+            .map_err(cuda_err("finishing a probe"))?;
         Ok(match selection {
             Selection::Nearest(k) => merge_nearest(per_part, k, self.metric.kind.is_similarity()),
             Selection::Within(_) => merge_within(per_part),
@@ -419,7 +504,10 @@ impl GpuIndex {
         stats: &mut GpuStats,
     ) -> Result<PairList> {
         let device = &*self.device;
-        let work: Vec<i32> = (r0..r1).filter(|&r| !left.is_null(r)).map(|r| (r - r0) as i32).collect();
+        let work: Vec<i32> = (r0..r1)
+            .filter(|&r| !left.is_null(r))
+            .map(|r| (r - r0) as i32)
+            .collect();
         if work.is_empty() {
             return Ok(PairList::default());
         }
@@ -438,7 +526,18 @@ impl GpuIndex {
         let d = self.metric.dim.unwrap_or(1) as f64;
 
         let (k, cap, radius) = match selection {
-            Selection::Nearest(k) => (k, cap_for(k, if is_cheb(&self.metric) { CHEBYSHEV_THREADS } else { FOLDED_THREADS }), 0.0),
+            Selection::Nearest(k) => (
+                k,
+                cap_for(
+                    k,
+                    if is_cheb(&self.metric) {
+                        CHEBYSHEV_THREADS
+                    } else {
+                        FOLDED_THREADS
+                    },
+                ),
+                0.0,
+            ),
             Selection::Within(r) => (1, 1, r),
         };
         let knn = matches!(selection, Selection::Nearest(_));
@@ -449,10 +548,22 @@ impl GpuIndex {
             bytes += nwork as u64 * (k as u64 * 8 + 4);
         }
         // Radius: a pair list filled through an atomic counter; rerun with the exact size if full.
-        let mut r_cap: u64 = if knn { 1 } else { ((nwork as u64) * 64).clamp(1 << 16, 1 << 24) };
+        let mut r_cap: u64 = if knn {
+            1
+        } else {
+            // Room for 64 pairs per left row, within what the budget leaves (16 bytes a pair).
+            let room = self.budget.saturating_sub(held + bytes + 4096) / 16 / 2;
+            ((nwork as u64) * 64)
+                .clamp(1 << 10, 1 << 24)
+                .min(room.max(1 << 10))
+        };
 
         // Inputs particular to the kernel family.
-        let cheb_inputs = if is_cheb(&self.metric) { Some(self.chebyshev_left(left, r0, r1, &work)) } else { None };
+        let cheb_inputs = if is_cheb(&self.metric) {
+            Some(self.chebyshev_left(left, r0, r1, &work))
+        } else {
+            None
+        };
         let d_off = upload(device, off, stats)?;
         let d_idx = upload(device, &left.indices()[e0..e1], stats)?;
         let d_val = upload(device, &left.values()[e0..e1], stats)?;
@@ -461,11 +572,21 @@ impl GpuIndex {
         let mut cheb_bufs = None;
         if let Some((ch_off, ch_col, ch_val)) = &cheb_inputs {
             let ncols = self.columns.len().max(1);
-            let room = self.budget.saturating_sub(held + bytes + (ch_col.len() * 8) as u64) / 2;
-            dense_slots = ((room / (ncols as u64 * 4)) as usize).clamp(1, (device.sm_count * 8) as usize).min(nwork);
+            let room = self
+                .budget
+                .saturating_sub(held + bytes + (ch_col.len() * 8) as u64)
+                / 2;
+            dense_slots = ((room / (ncols as u64 * 4)) as usize)
+                .clamp(1, (device.sm_count * 8) as usize)
+                .min(nwork);
             let dense = zeros::<f32>(device, dense_slots * ncols)?;
             bytes += (dense_slots * ncols * 4 + ch_off.len() * 4 + ch_col.len() * 8) as u64;
-            cheb_bufs = Some((upload(device, ch_off, stats)?, upload(device, ch_col, stats)?, upload(device, ch_val, stats)?, dense));
+            cheb_bufs = Some((
+                upload(device, ch_off, stats)?,
+                upload(device, ch_col, stats)?,
+                upload(device, ch_val, stats)?,
+                dense,
+            ));
         } else {
             dense_slots = 0;
         }
@@ -484,16 +605,43 @@ impl GpuIndex {
             let capi = cap as i32;
             let nwork_i = nwork as i32;
             let ncols = self.columns.len() as i32;
-            let start = device.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda_err("recording an event"))?;
+            let start = device
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("recording an event"))?;
             if let Some((ch_off, ch_col, ch_val, dense)) = &cheb_bufs {
-                let name = if knn { "chebyshev_knn" } else { "chebyshev_radius" };
+                let name = if knn {
+                    "chebyshev_knn"
+                } else {
+                    "chebyshev_radius"
+                };
                 let smem = (if knn { cap * 8 } else { 0 } + CHEBYSHEV_THREADS as usize * 8) as u32;
                 let f = device.function(name, smem)?;
                 let mut b = device.stream.launch_builder(&f);
-                b.arg(&d_work).arg(&nwork_i).arg(&self_first).arg(ch_off).arg(ch_col).arg(ch_val);
-                b.arg(&n_right).arg(&part.valid_bits).arg(&ncols).arg(&part.r_ptr).arg(&part.r_col).arg(&part.r_val);
-                b.arg(dense).arg(&kk).arg(&capi).arg(&mut out_rows).arg(&mut out_keys).arg(&mut out_count);
-                b.arg(&radius).arg(&mut r_left).arg(&mut r_right).arg(&mut r_dist).arg(&mut r_counter).arg(&r_cap);
+                b.arg(&d_work)
+                    .arg(&nwork_i)
+                    .arg(&self_first)
+                    .arg(ch_off)
+                    .arg(ch_col)
+                    .arg(ch_val);
+                b.arg(&n_right)
+                    .arg(&part.valid_bits)
+                    .arg(&ncols)
+                    .arg(&part.r_ptr)
+                    .arg(&part.r_col)
+                    .arg(&part.r_val);
+                b.arg(dense)
+                    .arg(&kk)
+                    .arg(&capi)
+                    .arg(&mut out_rows)
+                    .arg(&mut out_keys)
+                    .arg(&mut out_count);
+                b.arg(&radius)
+                    .arg(&mut r_left)
+                    .arg(&mut r_right)
+                    .arg(&mut r_dist)
+                    .arg(&mut r_counter)
+                    .arg(&r_cap);
                 let cfg = LaunchConfig {
                     grid_dim: (dense_slots as u32, 1, 1),
                     block_dim: (CHEBYSHEV_THREADS, 1, 1),
@@ -503,7 +651,11 @@ impl GpuIndex {
                 // long as the kernel indexes it (dense holds dense_slots × ncols, the grid).
                 unsafe { b.launch(cfg) }.map_err(cuda_err("launching the chebyshev kernel"))?;
             } else {
-                let name = format!("{}_{}", kernels::kernel_stem(self.metric.kind), if knn { "knn" } else { "radius" });
+                let name = format!(
+                    "{}_{}",
+                    kernels::kernel_stem(self.metric.kind),
+                    if knn { "knn" } else { "radius" }
+                );
                 let tile_rows = self.tile_rows.min(part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * acc_bytes(self.metric.kind)
                     + if knn { cap * 8 } else { 0 }
@@ -522,12 +674,36 @@ impl GpuIndex {
                 let tile_rows_i = tile_rows as i32;
                 let ntiles_i = ntiles as i32;
                 let mut b = device.stream.launch_builder(&f);
-                b.arg(&d_off).arg(&l_base).arg(&d_idx).arg(&d_val).arg(&d_work).arg(&nwork_i).arg(&self_first);
-                b.arg(&n_right).arg(&part.valid_bits).arg(&part.rt0).arg(&part.rt1);
-                b.arg(&col_mode).arg(&ncols).arg(col_ids_arg).arg(&part.tile_ptr).arg(&part.col_rows).arg(&part.col_vals);
-                b.arg(&tile_rows_i).arg(&ntiles_i).arg(&p).arg(&d).arg(&kk).arg(&capi);
+                b.arg(&d_off)
+                    .arg(&l_base)
+                    .arg(&d_idx)
+                    .arg(&d_val)
+                    .arg(&d_work)
+                    .arg(&nwork_i)
+                    .arg(&self_first);
+                b.arg(&n_right)
+                    .arg(&part.valid_bits)
+                    .arg(&part.rt0)
+                    .arg(&part.rt1);
+                b.arg(&col_mode)
+                    .arg(&ncols)
+                    .arg(col_ids_arg)
+                    .arg(&part.tile_ptr)
+                    .arg(&part.col_rows)
+                    .arg(&part.col_vals);
+                b.arg(&tile_rows_i)
+                    .arg(&ntiles_i)
+                    .arg(&p)
+                    .arg(&d)
+                    .arg(&kk)
+                    .arg(&capi);
                 b.arg(&mut out_rows).arg(&mut out_keys).arg(&mut out_count);
-                b.arg(&radius).arg(&mut r_left).arg(&mut r_right).arg(&mut r_dist).arg(&mut r_counter).arg(&r_cap);
+                b.arg(&radius)
+                    .arg(&mut r_left)
+                    .arg(&mut r_right)
+                    .arg(&mut r_dist)
+                    .arg(&mut r_counter)
+                    .arg(&r_cap);
                 let cfg = LaunchConfig {
                     grid_dim: (nwork as u32, 1, 1),
                     block_dim: (FOLDED_THREADS, 1, 1),
@@ -537,9 +713,14 @@ impl GpuIndex {
                 // with the same tile_rows (prepare_part), so tile_ptr has ntiles + 1 per column.
                 unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
             }
-            let end = device.stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT)).map_err(cuda_err("recording an event"))?;
+            let end = device
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("recording an event"))?;
             end.synchronize().map_err(cuda_err("running the kernel"))?;
-            let ms = start.elapsed_ms(&end).map_err(cuda_err("timing the kernel"))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(cuda_err("timing the kernel"))?;
             stats.kernel_nanos += (ms as f64 * 1e6) as u64;
 
             if knn {
@@ -576,7 +757,13 @@ impl GpuIndex {
 
     /// Chebyshev's left rows: per work row its nonzeros as (column id or -1, x), largest |x|
     /// first (the kernel takes the first one a right row lacks).
-    fn chebyshev_left(&self, left: &SparseBatch, r0: usize, _r1: usize, work: &[i32]) -> (Vec<i32>, Vec<i32>, Vec<f32>) {
+    fn chebyshev_left(
+        &self,
+        left: &SparseBatch,
+        r0: usize,
+        _r1: usize,
+        work: &[i32],
+    ) -> (Vec<i32>, Vec<i32>, Vec<f32>) {
         let rows: Vec<Vec<(i32, f32)>> = work
             .par_iter()
             .map(|&w| {
@@ -608,14 +795,25 @@ impl GpuIndex {
 }
 
 /// A rough size of rows `start..end` prepared for the device (to decide on parts).
-fn estimate_bytes(right: &SparseBatch, start: usize, end: usize, metric: &Metric, columns: &ColumnMap, tile_rows: usize) -> u64 {
+fn estimate_bytes(
+    right: &SparseBatch,
+    start: usize,
+    end: usize,
+    metric: &Metric,
+    columns: &ColumnMap,
+    tile_rows: usize,
+) -> u64 {
     let rows = (end - start) as u64;
     let nnz = (right.offsets()[end] - right.offsets()[start]) as u64;
     if is_cheb(metric) {
         rows * 4 + nnz * 8 + rows / 8 + 64
     } else {
         let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
-        nnz * 8 + rows * 2 * acc_bytes(metric.kind) as u64 + columns.len() as u64 * 4 * (ntiles + 1) + rows / 8 + 64
+        nnz * 8
+            + rows * 2 * acc_bytes(metric.kind) as u64
+            + columns.len() as u64 * 4 * (ntiles + 1)
+            + rows / 8
+            + 64
     }
 }
 
@@ -629,9 +827,21 @@ fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
     bits
 }
 
-fn prepare_part(right: &SparseBatch, start: usize, end: usize, metric: &Metric, columns: &ColumnMap, tile_rows: usize) -> HostPart {
+fn prepare_part(
+    right: &SparseBatch,
+    start: usize,
+    end: usize,
+    metric: &Metric,
+    columns: &ColumnMap,
+    tile_rows: usize,
+) -> HostPart {
     let rows = end - start;
-    let mut part = HostPart { first_row: start, rows, valid_bits: valid_bits(right, start, end), ..Default::default() };
+    let mut part = HostPart {
+        first_row: start,
+        rows,
+        valid_bits: valid_bits(right, start, end),
+        ..Default::default()
+    };
     if is_cheb(metric) {
         part.r_ptr.reserve(rows + 1);
         part.r_ptr.push(0);
@@ -641,7 +851,12 @@ fn prepare_part(right: &SparseBatch, start: usize, end: usize, metric: &Metric, 
                 .iter()
                 .zip(val)
                 .filter(|(_, v)| **v != 0.0)
-                .map(|(&c, &v)| (columns.get(c).expect("a column of the right side") as i32, v))
+                .map(|(&c, &v)| {
+                    (
+                        columns.get(c).expect("a column of the right side") as i32,
+                        v,
+                    )
+                })
                 .collect();
             entries.sort_unstable_by_key(|e| e.0);
             for (c, v) in entries {
@@ -699,15 +914,18 @@ fn prepare_part(right: &SparseBatch, start: usize, end: usize, metric: &Metric, 
     let ntiles = rows.div_ceil(tile_rows).max(1);
     part.ntiles = ntiles;
     part.tile_ptr = vec![0u32; ncols * (ntiles + 1)];
-    part.tile_ptr.par_chunks_mut(ntiles + 1).enumerate().for_each(|(c, tp)| {
-        let (s, e) = (counts[c] as usize, counts[c + 1] as usize);
-        let col = &part.col_rows[s..e];
-        for (t, slot) in tp.iter_mut().enumerate() {
-            let bound = (t * tile_rows) as u32;
-            *slot = (s + col.partition_point(|&r| r < bound)) as u32;
-        }
-        tp[ntiles] = e as u32;
-    });
+    part.tile_ptr
+        .par_chunks_mut(ntiles + 1)
+        .enumerate()
+        .for_each(|(c, tp)| {
+            let (s, e) = (counts[c] as usize, counts[c + 1] as usize);
+            let col = &part.col_rows[s..e];
+            for (t, slot) in tp.iter_mut().enumerate() {
+                let bound = (t * tile_rows) as u32;
+                *slot = (s + col.partition_point(|&r| r < bound)) as u32;
+            }
+            tp[ntiles] = e as u32;
+        });
     part
 }
 

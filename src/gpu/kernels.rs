@@ -34,13 +34,19 @@ pub fn compile(arch: &str) -> Result<Ptx> {
         ));
     }
     let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string()],
+        options: vec![
+            format!("--gpu-architecture={arch}"),
+            "--std=c++17".to_string(),
+        ],
         name: Some("sparse_knn_kernels.cu".to_string()),
         ..Default::default()
     };
     compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
-            exec_datafusion_err!("GPU: NVRTC failed to compile the kernels:\n{}", log.to_string_lossy())
+            exec_datafusion_err!(
+                "GPU: NVRTC failed to compile the kernels:\n{}",
+                log.to_string_lossy()
+            )
         }
         other => exec_datafusion_err!("GPU: NVRTC failed: {other}"),
     })

@@ -49,7 +49,9 @@ pub use udtf::SparseJoinFunction;
 /// This replaces the session's query planner with DataFusion's default planner plus this
 /// crate's extension planner.
 pub fn register(ctx: &SessionContext) -> Result<()> {
-    ctx.register_relation_planner(Arc::new(SparseJoinRelationPlanner))?;
+    ctx.register_relation_planner(Arc::new(SparseJoinRelationPlanner::new(Some(Arc::clone(
+        ctx.state().catalog_list(),
+    )))))?;
     register_udtfs(ctx);
     let state = ctx.state_ref();
     let mut state = state.write();

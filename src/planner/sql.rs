@@ -2,6 +2,10 @@
 //! a relation planner so that `left` and `right` become real logical plans (table names, views,
 //! CTEs, parenthesised subqueries, or Parquet paths).
 
+use std::sync::Arc;
+
+use datafusion::catalog::{CatalogProviderList, TableProvider};
+use datafusion::common::config::ConfigOptions;
 use datafusion::common::{
     plan_datafusion_err, plan_err, DFSchema, Result, ScalarValue, TableReference,
 };
@@ -21,8 +25,41 @@ use crate::options::{JoinOptions, SparseKnnConfig};
 
 /// Plans the table-factor calls `knn_join(...)` and `radius_join(...)`; every other relation is
 /// left to the next planner.
+///
+/// DataFusion resolves a statement's table names before planning it, and the names inside these
+/// calls' arguments are not among them; the planner looks them up itself in `catalogs` (the
+/// session's catalog list, given by [`super::register`]).
 #[derive(Debug, Default)]
-pub struct SparseJoinRelationPlanner;
+pub struct SparseJoinRelationPlanner {
+    catalogs: Option<Arc<dyn CatalogProviderList>>,
+}
+
+impl SparseJoinRelationPlanner {
+    pub fn new(catalogs: Option<Arc<dyn CatalogProviderList>>) -> Self {
+        Self { catalogs }
+    }
+
+    /// A table of the session's catalogs, by name.
+    fn lookup(
+        &self,
+        config: &ConfigOptions,
+        reference: &TableReference,
+    ) -> Option<Arc<dyn TableProvider>> {
+        let catalogs = self.catalogs.as_ref()?;
+        let resolved = reference.clone().resolve(
+            &config.catalog.default_catalog,
+            &config.catalog.default_schema,
+        );
+        let schema = catalogs
+            .catalog(&resolved.catalog)?
+            .schema(&resolved.schema)?;
+        // Catalog lookups are async but SQL planning is not; the in-memory, listing and
+        // information schemas answer at once.
+        futures::executor::block_on(schema.table(&resolved.table))
+            .ok()
+            .flatten()
+    }
+}
 
 /// Which join function a name calls, if any.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,8 +244,8 @@ impl RelationPlanner for SparseJoinRelationPlanner {
             }
         }
         let spec = JoinSpec::new(kind, &metric, options)?;
-        let left = plan_input(context, name, "argument 1 (left)", left)?;
-        let right = plan_input(context, name, "argument 2 (right)", right)?;
+        let left = self.plan_input(context, name, "argument 1 (left)", left)?;
+        let right = self.plan_input(context, name, "argument 2 (right)", right)?;
         let node = SparseJoinNode::try_new(spec, left, right)?;
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
             node.into_plan(),
@@ -232,54 +269,85 @@ fn table_factor(name: ObjectName) -> TableFactor {
     }
 }
 
-/// Plans one input: a table name (bare, quoted or qualified), a parenthesised subquery, or a
-/// string that names a table or a Parquet file or folder.
-fn plan_input(
-    context: &mut dyn RelationPlannerContext,
-    function: &str,
-    argument: &str,
-    expr: SqlExpr,
-) -> Result<LogicalPlan> {
-    let in_context =
-        |e: datafusion::common::DataFusionError| e.context(format!("{function}: {argument}"));
-    match expr {
-        SqlExpr::Identifier(ident) => context
-            .plan(table_factor(ObjectName::from(vec![ident])))
-            .map_err(in_context),
-        SqlExpr::CompoundIdentifier(idents) => context
-            .plan(table_factor(ObjectName::from(idents)))
-            .map_err(in_context),
-        SqlExpr::Subquery(query) => context
-            .plan(TableFactor::Derived {
-                lateral: false,
-                subquery: query,
-                alias: None,
-                sample: None,
-            })
-            .map_err(in_context),
-        SqlExpr::Nested(inner) => plan_input(context, function, argument, *inner),
-        other => {
-            let shown = other.to_string();
-            let value = context
-                .sql_to_expr(other, &DFSchema::empty())
-                .ok()
-                .as_ref()
-                .and_then(constant);
-            let Some(text) = value.as_ref().and_then(string_of) else {
-                return plan_err!(
-                    "{function}: {argument} must be a table name, a parenthesised subquery or a Parquet path string, got {shown}"
-                );
-            };
-            let reference = TableReference::from(text.as_str());
-            match context.context_provider().get_table_source(reference.clone()) {
-                Ok(source) => LogicalPlanBuilder::scan(reference, source, None)?.build(),
-                Err(_) if looks_like_path(&text) => {
-                    let table = parquet_table(function, argument, &text, context.context_provider().options())?;
-                    LogicalPlanBuilder::scan(TableReference::bare(text.as_str()), provider_as_source(table), None)?.build()
+impl SparseJoinRelationPlanner {
+    /// Plans one input: a table name (bare, quoted or qualified), a parenthesised subquery, or a
+    /// string that names a table or a Parquet file or folder.
+    fn plan_input(
+        &self,
+        context: &mut dyn RelationPlannerContext,
+        function: &str,
+        argument: &str,
+        expr: SqlExpr,
+    ) -> Result<LogicalPlan> {
+        let in_context =
+            |e: datafusion::common::DataFusionError| e.context(format!("{function}: {argument}"));
+        match expr {
+            SqlExpr::Identifier(ident) => self
+                .plan_name(context, ObjectName::from(vec![ident]))
+                .map_err(in_context),
+            SqlExpr::CompoundIdentifier(idents) => self
+                .plan_name(context, ObjectName::from(idents))
+                .map_err(in_context),
+            SqlExpr::Subquery(query) => context
+                .plan(TableFactor::Derived {
+                    lateral: false,
+                    subquery: query,
+                    alias: None,
+                    sample: None,
+                })
+                .map_err(in_context),
+            SqlExpr::Nested(inner) => self.plan_input(context, function, argument, *inner),
+            other => {
+                let shown = other.to_string();
+                let value = context
+                    .sql_to_expr(other, &DFSchema::empty())
+                    .ok()
+                    .as_ref()
+                    .and_then(constant);
+                let Some(text) = value.as_ref().and_then(string_of) else {
+                    return plan_err!(
+                        "{function}: {argument} must be a table name, a parenthesised subquery or a Parquet path string, got {shown}"
+                    );
+                };
+                let reference = TableReference::from(text.as_str());
+                let config = context.context_provider().options();
+                if let Some(table) = self.lookup(config, &reference) {
+                    return LogicalPlanBuilder::scan(reference, provider_as_source(table), None)?
+                        .build();
                 }
-                Err(e) => Err(plan_datafusion_err!(
-                    "{function}: {argument}: '{text}' is neither a registered table nor an existing Parquet file or folder ({e})"
-                )),
+                if looks_like_path(&text) {
+                    let table = parquet_table(function, argument, &text, config)?;
+                    return LogicalPlanBuilder::scan(
+                        TableReference::bare(text.as_str()),
+                        provider_as_source(table),
+                        None,
+                    )?
+                    .build();
+                }
+                Err(plan_datafusion_err!(
+                    "{function}: {argument}: '{text}' is neither a registered table nor an existing Parquet file or folder"
+                ))
+            }
+        }
+    }
+
+    /// A name: a CTE or a table DataFusion resolved already, else a table of the catalogs.
+    fn plan_name(
+        &self,
+        context: &mut dyn RelationPlannerContext,
+        name: ObjectName,
+    ) -> Result<LogicalPlan> {
+        match context.plan(table_factor(name.clone())) {
+            Ok(plan) => Ok(plan),
+            Err(e) => {
+                let reference = context.object_name_to_table_reference(name)?;
+                match self.lookup(context.context_provider().options(), &reference) {
+                    Some(table) => {
+                        LogicalPlanBuilder::scan(reference, provider_as_source(table), None)?
+                            .build()
+                    }
+                    None => Err(e),
+                }
             }
         }
     }

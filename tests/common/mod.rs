@@ -150,7 +150,12 @@ pub fn random_rows(rng: &mut StdRng, o: &GenOptions) -> Vec<Row> {
             // A near copy: every value moved by a relative 1e-6 (near-duplicate documents).
             let base = earlier[rng.random_range(0..earlier.len())];
             base.iter()
-                .map(|&(i, v)| (i, (v as f64 * (1.0 + 1e-6 * rng.random_range(-1.0..1.0))) as f32))
+                .map(|&(i, v)| {
+                    (
+                        i,
+                        (v as f64 * (1.0 + 1e-6 * rng.random_range(-1.0..1.0))) as f32,
+                    )
+                })
                 .collect()
         } else if kind < 36 && !earlier.is_empty() {
             let base = earlier[rng.random_range(0..earlier.len())];

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Runs on the device machine (see bench/GPU_RESULTS.md for how it is called): the GPU tests, the
+# same under compute-sanitizer, and/or the benchmark with the anchors on the same Parquet files.
+#   scripts/device_run.sh test            # devrun/gpu_test(.gz) --ignored, then memcheck
+#   scripts/device_run.sh bench [ROWS...]  # devrun/sparse-knn(.gz) bench + devrun/anchors.py
+# Logs go to $OUT (the device tool brings them back).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+mode=${1:-test}
+shift || true
+
+# NVRTC and the driver: CUDA's own lib folder first, pip's nvrtc as a fallback.
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+ls /usr/local/cuda/lib64/libnvrtc* 2>&1 | head -3 | tee -a "$OUT/device.txt"
+
+unpack() {  # devrun/NAME or devrun/NAME.gz -> /tmp/NAME
+    if [ -f "devrun/$1.gz" ]; then gunzip -c "devrun/$1.gz" >"/tmp/$1"; else cp "devrun/$1" "/tmp/$1"; fi
+    chmod +x "/tmp/$1"
+}
+
+if [ "$mode" = test ]; then
+    unpack gpu_test
+    /tmp/gpu_test --ignored --test-threads=1 2>&1 | tee "$OUT/gpu_test.log"
+    echo "gpu_test exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+    SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    if [ -x "$SAN" ]; then
+        # The smaller tests: memcheck slows kernels down by orders of magnitude.
+        timeout ${SAN_TIMEOUT:-240} "$SAN" --tool memcheck --leak-check no --error-exitcode 3 \
+            /tmp/gpu_test --ignored --test-threads=1 every_metric_matches_cpu_small radius_matches_cpu \
+            2>&1 | tail -n 200 >"$OUT/memcheck.log"
+        echo "memcheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+        tail -n 5 "$OUT/memcheck.log"
+    else
+        echo "no compute-sanitizer" | tee -a "$OUT/summary.txt"
+    fi
+fi
+
+if [ "$mode" = bench ]; then
+    unpack sparse-knn
+    K=/tmp/sparse-knn
+    DATA=/tmp/data
+    mkdir -p $DATA
+    METRICS=${METRICS:-dot,cosine,euclidean,manhattan,jensenshannon}
+    Q=${Q:-1024}
+    for spec in "$@"; do   # shape:rows
+        shape=${spec%%:*}; rows=${spec##*:}
+        f=$DATA/$shape.parquet
+        $K generate --shape "$shape" --rows "$rows" --output "$f" 2>&1 | tail -1
+        $K bench --input "$f" --metrics "$METRICS" --devices gpu -k 10 --queries "$Q" \
+            --json "$OUT/bench_$shape.json" 2>&1 | tee "$OUT/bench_$shape.log"
+        PARQ="${PARQ:-} --parquet $shape=$f"
+    done
+    if [ -f devrun/anchors.py ] && [ -n "${PARQ:-}" ]; then
+        PYTHONUNBUFFERED=1 Q=$Q OUT=$OUT timeout ${ANCHOR_TIMEOUT:-300} python3 devrun/anchors.py $PARQ 2>&1 | tee "$OUT/anchors.log" || true
+    fi
+fi

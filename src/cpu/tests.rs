@@ -1,0 +1,251 @@
+//! The CPU kernels against `Metric::distance` row by row, on data large enough that the index
+//! stores popular columns dense, so every layout and every selection key form is exercised.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::{probe, CpuIndex, PairList, ProbeOptions, Selection};
+use crate::metric::{Metric, MetricKind};
+use crate::vector::SparseBatch;
+
+const DIM: i32 = 400;
+
+type Row = Option<Vec<(i32, f32)>>;
+
+/// Rows with a few very popular columns (dense in the index) and a long tail (postings).
+fn rows(rng: &mut StdRng, n: usize, nonnegative: bool) -> Vec<Row> {
+    (0..n)
+        .map(|_| {
+            let mut row = Vec::new();
+            for c in 0..DIM {
+                let p = if c < 4 {
+                    0.9 / (c + 1) as f64
+                } else {
+                    3.0 / c as f64
+                };
+                if rng.random_bool(p.min(1.0)) {
+                    // Small integers make exact ties common (ties must go to the earlier row).
+                    let v = if rng.random_bool(0.3) {
+                        rng.random_range(1..4) as f32
+                    } else {
+                        rng.random_range(0.05f32..3.0)
+                    };
+                    let negative = !nonnegative && rng.random_bool(0.3);
+                    row.push((c, if negative { -v } else { v }));
+                }
+            }
+            Some(row)
+        })
+        .collect()
+}
+
+fn batch(rows: &[Row]) -> SparseBatch {
+    SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()))
+}
+
+fn metrics() -> Vec<Metric> {
+    let mut all: Vec<Metric> = MetricKind::all()
+        .map(|k| Metric::from_kind(k, None, Some(DIM as u64 + 5)).unwrap())
+        .collect();
+    all.push(Metric::from_kind(MetricKind::Minkowski, Some(3.0), None).unwrap());
+    all
+}
+
+/// Metrics whose distances are exact small-integer arithmetic, so ties are exact on both sides.
+fn exact_ties(kind: MetricKind) -> bool {
+    matches!(
+        kind,
+        MetricKind::Hamming | MetricKind::Jaccard | MetricKind::Dice | MetricKind::RussellRao
+    )
+}
+
+fn close(a: f64, b: f64) -> bool {
+    a == b || (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+}
+
+fn of_left(pairs: &PairList, l: u32) -> Vec<(u32, f64)> {
+    (0..pairs.len())
+        .filter(|&i| pairs.left[i] == l)
+        .map(|i| (pairs.right[i], pairs.distance[i]))
+        .collect()
+}
+
+/// Brute force: every candidate right row with its distance, nearest first, ties by row.
+fn brute(
+    metric: &Metric,
+    left: &[(i32, f32)],
+    right: &SparseBatch,
+    skip: Option<usize>,
+) -> Vec<(u32, f64)> {
+    let (ri, rv): (Vec<i32>, Vec<f32>) = left.iter().copied().unzip();
+    let mut all: Vec<(u32, f64)> = (0..right.len())
+        .filter(|&j| !right.is_null(j) && skip != Some(j))
+        .map(|j| (j as u32, metric.distance((&ri, &rv), right.row(j))))
+        .collect();
+    let sim = metric.kind.is_similarity();
+    all.sort_by(|a, b| {
+        let (x, y) = if sim { (-a.1, -b.1) } else { (a.1, b.1) };
+        x.total_cmp(&y).then(a.0.cmp(&b.0))
+    });
+    all
+}
+
+fn check_knn(metric: &Metric, left: &[Row], right_rows: &[Row], k: usize, self_join: bool) {
+    let right = batch(right_rows);
+    let index = CpuIndex::build(&right, metric);
+    if metric.kind != MetricKind::Chebyshev {
+        assert!(
+            index.dense_columns() > 0,
+            "the test data must reach the dense layout"
+        );
+    }
+    let options = ProbeOptions {
+        exclude_self_from: self_join.then_some(0),
+    };
+    let got = probe(&index, &batch(left), Selection::Nearest(k), options);
+    for (l, row) in left.iter().enumerate() {
+        let have = of_left(&got, l as u32);
+        let Some(row) = row else {
+            assert!(have.is_empty(), "{metric}: a null left row matched");
+            continue;
+        };
+        let skip = (self_join && l < right.len()).then_some(l);
+        let want = brute(metric, row, &right, skip);
+        let want = &want[..k.min(want.len())];
+        assert_eq!(have.len(), want.len(), "{metric}: left row {l}");
+        for (rank, (h, w)) in have.iter().zip(want).enumerate() {
+            assert!(
+                close(h.1, w.1),
+                "{metric}: left row {l}, rank {rank}: distance {} vs reference {}",
+                h.1,
+                w.1
+            );
+            if exact_ties(metric.kind) {
+                assert_eq!(h.0, w.0, "{metric}: left row {l}, rank {rank}: tie order");
+            } else {
+                // Ties within rounding may order either way; the row must still be that near.
+                let (ri, rv): (Vec<i32>, Vec<f32>) = row.iter().copied().unzip();
+                let d = metric.distance((&ri, &rv), right.row(h.0 as usize));
+                assert!(
+                    close(d, w.1),
+                    "{metric}: left row {l}, rank {rank}: row {} is at {d}",
+                    h.0
+                );
+            }
+        }
+    }
+}
+
+fn check_radius(metric: &Metric, left: &[Row], right_rows: &[Row]) {
+    let right = batch(right_rows);
+    let index = CpuIndex::build(&right, metric);
+    let lb = batch(left);
+    // A radius around the median distance of the first left row keeps about half the pairs.
+    let first = left.iter().flatten().next().unwrap();
+    let ds = brute(metric, first, &right, None);
+    let radius = ds[ds.len() / 2].1;
+    let got = probe(
+        &index,
+        &lb,
+        Selection::Within(radius),
+        ProbeOptions::default(),
+    );
+    for (l, row) in left.iter().enumerate() {
+        let have = of_left(&got, l as u32);
+        let Some(row) = row else {
+            assert!(have.is_empty());
+            continue;
+        };
+        let mut want = brute(metric, row, &right, None);
+        want.sort_by_key(|e| e.0);
+        // Pairs right at the radius may fall on either side by rounding.
+        let edge = |d: f64| close(d, radius);
+        let want: Vec<_> = want
+            .into_iter()
+            .filter(|e| metric.within(e.1, radius) || edge(e.1))
+            .collect();
+        let mut wi = want.iter().peekable();
+        for h in &have {
+            while let Some(w) = wi.next_if(|w| w.0 < h.0) {
+                assert!(
+                    edge(w.1),
+                    "{metric}: left row {l}: row {} at {} missing",
+                    w.0,
+                    w.1
+                );
+            }
+            let w = wi
+                .next()
+                .unwrap_or_else(|| panic!("{metric}: left row {l}: extra row {}", h.0));
+            assert_eq!(w.0, h.0, "{metric}: left row {l}: extra row {}", h.0);
+            assert!(
+                close(w.1, h.1),
+                "{metric}: left row {l}, row {}: {} vs {}",
+                h.0,
+                h.1,
+                w.1
+            );
+        }
+        for w in wi {
+            assert!(
+                edge(w.1),
+                "{metric}: left row {l}: row {} at {} missing",
+                w.0,
+                w.1
+            );
+        }
+    }
+}
+
+/// Left rows: a null, an empty row, a column unknown to the right side, then ordinary rows.
+fn left_rows(rng: &mut StdRng, nonnegative: bool) -> Vec<Row> {
+    let mut left = vec![None, Some(vec![]), Some(vec![(DIM + 3, 2.0), (0, 1.0)])];
+    left.extend(rows(rng, 25, nonnegative));
+    left
+}
+
+#[test]
+fn knn_matches_brute_force_for_every_metric() {
+    for metric in metrics() {
+        let mut rng = StdRng::seed_from_u64(7);
+        let nonnegative = metric.kind.needs_nonnegative();
+        let mut right = rows(&mut rng, 700, nonnegative);
+        right[5] = None;
+        right[9] = Some(vec![]);
+        right[11] = right[10].clone();
+        let left = left_rows(&mut rng, nonnegative);
+        check_knn(&metric, &left, &right, 7, false);
+    }
+}
+
+#[test]
+fn self_join_excludes_the_same_row() {
+    for metric in metrics() {
+        let mut rng = StdRng::seed_from_u64(11);
+        let right = rows(&mut rng, 400, metric.kind.needs_nonnegative());
+        check_knn(&metric, &right[..30], &right, 4, true);
+    }
+}
+
+#[test]
+fn k_beyond_the_right_side_returns_every_valid_row() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut right = rows(&mut rng, 300, true);
+    right[0] = None;
+    for name in ["cosine", "manhattan", "kl_divergence", "chebyshev"] {
+        let metric = Metric::new(name, None, None).unwrap();
+        check_knn(&metric, &right[1..4], &right, 1000, false);
+    }
+}
+
+#[test]
+fn radius_matches_brute_force_for_every_metric() {
+    for metric in metrics() {
+        let mut rng = StdRng::seed_from_u64(5);
+        let nonnegative = metric.kind.needs_nonnegative();
+        let mut right = rows(&mut rng, 500, nonnegative);
+        right[3] = None;
+        let left = left_rows(&mut rng, nonnegative);
+        check_radius(&metric, &left, &right);
+    }
+}

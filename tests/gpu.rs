@@ -1,0 +1,455 @@
+//! The GPU backend against the CPU backend, for every metric, on random data shaped to reach the
+//! kernels' corners: skewed degrees, popular columns, more right rows than one tile, rows of
+//! degree above 10K, empty and null rows, k larger than the right side, ties, exclude_self,
+//! radius, and a memory limit small enough to cut the right side into parts.
+//!
+//! These need a CUDA GPU: `cargo test --release --test gpu -- --ignored --test-threads=1`.
+
+use datafusion_sparse_knn::cpu::{self, CpuIndex, PairList, ProbeOptions, Selection};
+use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};
+use datafusion_sparse_knn::metric::{Metric, MetricKind};
+use datafusion_sparse_knn::SparseBatch;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const DIM: u64 = 3000;
+
+/// Rows with power-law degrees and Zipf-like columns; some empty, some null, some duplicated
+/// (exact ties), values positive (the metrics that need x ≥ 0 accept them all).
+fn random_rows(
+    rng: &mut StdRng,
+    n: usize,
+    dim: u64,
+    max_deg: usize,
+    big_rows: &[usize],
+) -> Vec<Option<Vec<(i32, f32)>>> {
+    let mut rows: Vec<Option<Vec<(i32, f32)>>> = Vec::with_capacity(n);
+    for r in 0..n {
+        if r % 97 == 13 {
+            rows.push(None);
+            continue;
+        }
+        if r % 89 == 7 {
+            rows.push(Some(Vec::new()));
+            continue;
+        }
+        if r % 53 == 5 && r > 0 {
+            // An exact copy of an earlier row: ties at every metric.
+            let copy = rows[r / 2].clone().unwrap_or_default();
+            rows.push(Some(copy));
+            continue;
+        }
+        let u: f64 = rng.random::<f64>().max(1e-9);
+        let mut deg = ((1.0 / u.powf(1.0 / 1.3)) as usize).min(max_deg);
+        if big_rows.contains(&r) {
+            deg = (dim as usize) * 4 / 5;
+        }
+        let mut cols = std::collections::BTreeMap::new();
+        if deg > 10_000 {
+            // Rows of very high degree: every few columns (Zipf sampling would take forever).
+            let step = dim as usize / deg;
+            for i in 0..deg {
+                cols.insert((i * step) as i32, rng.random_range(0.01f32..3.0));
+            }
+        }
+        while cols.len() < deg {
+            // Zipf-ish: low column ids are popular.
+            let z: f64 = rng.random::<f64>();
+            let c = ((dim as f64).powf(z) - 1.0) as i32;
+            let v = if rng.random_bool(0.2) {
+                (rng.random_range(1..4)) as f32
+            } else {
+                rng.random_range(0.01f32..3.0)
+            };
+            cols.insert(c.min(dim as i32 - 1), v);
+        }
+        let mut v: Vec<(i32, f32)> = cols.into_iter().collect();
+        // Unsorted indices are accepted: shuffle some rows.
+        if r % 3 == 0 {
+            v.reverse();
+        }
+        rows.push(Some(v));
+    }
+    rows
+}
+
+fn batch(rows: &[Option<Vec<(i32, f32)>>]) -> SparseBatch {
+    SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()))
+}
+
+fn metric(kind: MetricKind, dim: u64) -> Metric {
+    let p = if kind == MetricKind::Minkowski {
+        Some(3.0)
+    } else {
+        None
+    };
+    Metric::from_kind(kind, p, Some(dim)).unwrap()
+}
+
+fn tolerance(reference: f64, scale: f64) -> f64 {
+    // SPEC: 1e-4 · max(1, |ref|); the expanded forms may cancel: 1e-3 · √(‖x‖² + ‖y‖²).
+    (1e-4 * reference.abs().max(1.0)).max(1e-3 * scale)
+}
+
+fn norm2(row: (&[i32], &[f32])) -> f64 {
+    row.1.iter().map(|&v| (v as f64) * (v as f64)).sum()
+}
+
+/// GPU pairs agree with the CPU: same count per left row, distances equal within tolerance rank
+/// by rank, and every GPU pair's distance is the true distance of that pair (so ties or
+/// near-ties may pick different rows, but never a wrong one).
+fn compare(
+    name: &str,
+    m: &Metric,
+    left: &SparseBatch,
+    right: &SparseBatch,
+    cpu: &PairList,
+    gpu: &PairList,
+) {
+    let per_row = |p: &PairList, n: usize| {
+        let mut v = vec![Vec::new(); n];
+        for i in 0..p.len() {
+            v[p.left[i] as usize].push((p.right[i], p.distance[i]));
+        }
+        v
+    };
+    let c = per_row(cpu, left.len());
+    let g = per_row(gpu, left.len());
+    // The GPU list must be ordered by left row.
+    assert!(
+        gpu.left.windows(2).all(|w| w[0] <= w[1]),
+        "{name}: GPU pairs not ordered by left row"
+    );
+    for i in 0..left.len() {
+        assert_eq!(
+            c[i].len(),
+            g[i].len(),
+            "{name}: left row {i}: {} CPU pairs, {} GPU pairs",
+            c[i].len(),
+            g[i].len()
+        );
+        let li = left.row(i);
+        for (rank, (cp, gp)) in c[i].iter().zip(&g[i]).enumerate() {
+            let rj = right.row(gp.0 as usize);
+            let scale = if matches!(
+                m.kind,
+                MetricKind::Euclidean | MetricKind::SqEuclidean | MetricKind::Correlation
+            ) {
+                (norm2(li) + norm2(rj)).sqrt()
+            } else {
+                0.0
+            };
+            let tol = tolerance(cp.1, scale);
+            let close = (cp.1 == gp.1) || (cp.1 - gp.1).abs() <= tol;
+            assert!(
+                close,
+                "{name}: left row {i} rank {rank}: CPU ({}, {}) GPU ({}, {}), tol {tol}",
+                cp.0, cp.1, gp.0, gp.1
+            );
+            let truth = m.distance(li, rj);
+            let ok = truth == gp.1 || (truth - gp.1).abs() <= tolerance(truth, scale);
+            assert!(ok, "{name}: left row {i}: GPU pair ({i}, {}) distance {} but the pair's distance is {truth}", gp.0, gp.1);
+        }
+        // Within one left row the right rows are distinct.
+        let mut rows: Vec<u32> = g[i].iter().map(|p| p.0).collect();
+        rows.sort_unstable();
+        rows.dedup();
+        assert_eq!(
+            rows.len(),
+            g[i].len(),
+            "{name}: left row {i}: a right row twice"
+        );
+    }
+}
+
+fn gpu_or_skip() -> bool {
+    if !gpu::is_available() {
+        eprintln!("no CUDA GPU: {}", gpu::describe());
+        return false;
+    }
+    true
+}
+
+fn check_all_metrics(
+    seed: u64,
+    n_left: usize,
+    n_right: usize,
+    max_deg: usize,
+    k: usize,
+    options: GpuOptions,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let right_rows = random_rows(&mut rng, n_right, DIM, max_deg, &[]);
+    let left_rows: Vec<_> = right_rows.iter().take(n_left).cloned().collect();
+    let right = batch(&right_rows);
+    let left = batch(&left_rows);
+    for kind in MetricKind::all() {
+        let m = metric(kind, DIM);
+        let cpu_index = CpuIndex::build(&right, &m);
+        let gpu_index =
+            GpuIndex::build(&right, &m, &options).unwrap_or_else(|e| panic!("{kind}: build: {e}"));
+        for (sel, label) in [(Selection::Nearest(k), "knn")] {
+            for exclude in [None, Some(0u64)] {
+                let po = ProbeOptions {
+                    exclude_self_from: exclude,
+                };
+                let c = cpu::probe(&cpu_index, &left, sel, po);
+                let g = gpu_index
+                    .probe(&left, sel, po)
+                    .unwrap_or_else(|e| panic!("{kind}: probe: {e}"));
+                compare(
+                    &format!("{kind} {label} exclude={exclude:?}"),
+                    &m,
+                    &left,
+                    &right,
+                    &c,
+                    &g,
+                );
+            }
+        }
+        let stats = gpu_index.stats();
+        assert!(
+            stats.bytes_to_device > 0 && stats.kernel_nanos > 0,
+            "{kind}: stats {stats:?}"
+        );
+        if let Some(limit) = options.memory_limit {
+            assert!(
+                gpu_index.parts() > 1,
+                "{kind}: the memory limit should cut the right side"
+            );
+            assert!(
+                stats.peak_device_bytes <= limit,
+                "{kind}: peak {} over the limit {limit}",
+                stats.peak_device_bytes
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_metric_matches_cpu_small() {
+    if !gpu_or_skip() {
+        return;
+    }
+    check_all_metrics(1, 300, 1200, 300, 10, GpuOptions::default());
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_metric_matches_cpu_many_tiles() {
+    if !gpu_or_skip() {
+        return;
+    }
+    // Small tiles so the tile boundaries and the candidate compaction across tiles are crossed.
+    std::env::set_var("SPARSE_KNN_GPU_TILE_ROWS", "256");
+    check_all_metrics(2, 200, 3000, 500, 7, GpuOptions::default());
+    std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_metric_matches_cpu_under_memory_limit() {
+    if !gpu_or_skip() {
+        return;
+    }
+    // 250 KB: the right side goes in several parts, streamed per probe.
+    check_all_metrics(
+        3,
+        150,
+        4000,
+        200,
+        5,
+        GpuOptions {
+            memory_limit: Some(250_000),
+        },
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn large_k_ties_and_huge_rows() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(4);
+    let dim = 20_000u64;
+    // Two rows of degree 16K (above 10K) on each side, and k above the right side's size.
+    let right_rows = random_rows(&mut rng, 700, dim, 2000, &[3, 400]);
+    let left_rows: Vec<_> = right_rows.iter().take(120).cloned().collect();
+    let right = batch(&right_rows);
+    let left = batch(&left_rows);
+    for kind in MetricKind::all() {
+        let m = metric(kind, dim);
+        let cpu_index = CpuIndex::build(&right, &m);
+        let gpu_index = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
+        for k in [1usize, 64, 1000] {
+            let po = ProbeOptions {
+                exclude_self_from: Some(0),
+            };
+            let c = cpu::probe(&cpu_index, &left, Selection::Nearest(k), po);
+            let g = gpu_index.probe(&left, Selection::Nearest(k), po).unwrap();
+            compare(&format!("{kind} k={k}"), &m, &left, &right, &c, &g);
+        }
+        // k above the device limit falls back to the CPU backend: same answer.
+        let c = cpu::probe(
+            &cpu_index,
+            &left,
+            Selection::Nearest(2000),
+            ProbeOptions::default(),
+        );
+        let g = gpu_index
+            .probe(&left, Selection::Nearest(2000), ProbeOptions::default())
+            .unwrap();
+        compare(&format!("{kind} k=2000"), &m, &left, &right, &c, &g);
+    }
+}
+
+/// Radius joins: the same set of pairs (up to pairs on the boundary), ordered by left then right.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn radius_matches_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(5);
+    let right_rows = random_rows(&mut rng, 1500, DIM, 300, &[]);
+    let left_rows: Vec<_> = right_rows.iter().take(200).cloned().collect();
+    let right = batch(&right_rows);
+    let left = batch(&left_rows);
+    for (limit, tiles) in [(None, None), (Some(200_000u64), Some("128"))] {
+        if let Some(t) = tiles {
+            std::env::set_var("SPARSE_KNN_GPU_TILE_ROWS", t);
+        }
+        for kind in MetricKind::all() {
+            let m = metric(kind, DIM);
+            let cpu_index = CpuIndex::build(&right, &m);
+            let gpu_index = GpuIndex::build(
+                &right,
+                &m,
+                &GpuOptions {
+                    memory_limit: limit,
+                },
+            )
+            .unwrap();
+            // A radius that keeps about 5% of the pairs: the CPU's 20th-nearest of a few rows.
+            let probe_k = cpu::probe(
+                &cpu_index,
+                &left,
+                Selection::Nearest(75),
+                ProbeOptions::default(),
+            );
+            let mut ds: Vec<f64> = probe_k
+                .distance
+                .iter()
+                .copied()
+                .filter(|d| d.is_finite())
+                .collect();
+            ds.sort_by(|a, b| a.total_cmp(b));
+            let radius = if ds.is_empty() {
+                0.5
+            } else if kind.is_similarity() {
+                ds[ds.len() * 3 / 4]
+            } else {
+                ds[ds.len() / 4]
+            };
+            let po = ProbeOptions {
+                exclude_self_from: Some(0),
+            };
+            let c = cpu::probe(&cpu_index, &left, Selection::Within(radius), po);
+            let g = gpu_index
+                .probe(&left, Selection::Within(radius), po)
+                .unwrap();
+            assert!(g.left.windows(2).all(|w| w[0] <= w[1]));
+            for w in 0..g.len().saturating_sub(1) {
+                if g.left[w] == g.left[w + 1] {
+                    assert!(
+                        g.right[w] < g.right[w + 1],
+                        "{kind}: radius pairs not ordered by right row"
+                    );
+                }
+            }
+            let key = |p: &PairList, i: usize| ((p.left[i] as u64) << 32) | p.right[i] as u64;
+            let cset: std::collections::HashMap<u64, f64> =
+                (0..c.len()).map(|i| (key(&c, i), c.distance[i])).collect();
+            let gset: std::collections::HashMap<u64, f64> =
+                (0..g.len()).map(|i| (key(&g, i), g.distance[i])).collect();
+            for (kk, d) in &cset {
+                if !gset.contains_key(kk) {
+                    assert!(
+                        (d - radius).abs() <= tolerance(radius, 1.0),
+                        "{kind}: CPU pair {kk:x} at {d} missing on the GPU (radius {radius})"
+                    );
+                }
+            }
+            for (kk, d) in &gset {
+                match cset.get(kk) {
+                    Some(cd) => assert!(
+                        (cd - d).abs() <= tolerance(*cd, 1.0),
+                        "{kind}: pair {kk:x}: CPU {cd} GPU {d}"
+                    ),
+                    None => assert!(
+                        (d - radius).abs() <= tolerance(radius, 1.0),
+                        "{kind}: GPU pair {kk:x} at {d} not on the CPU (radius {radius})"
+                    ),
+                }
+            }
+            if let Some(l) = limit {
+                assert!(gpu_index.stats().peak_device_bytes <= l);
+            }
+        }
+        std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+    }
+}
+
+/// A radius that keeps every pair overflows the first pair buffer: the second pass gets them all.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn radius_overflow_second_pass() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(6);
+    let right_rows = random_rows(&mut rng, 3000, DIM, 50, &[]);
+    let left_rows: Vec<_> = right_rows.iter().take(2000).cloned().collect();
+    let right = batch(&right_rows);
+    let left = batch(&left_rows);
+    let m = metric(MetricKind::Jaccard, DIM);
+    let gpu_index = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
+    let g = gpu_index
+        .probe(&left, Selection::Within(1.0), ProbeOptions::default())
+        .unwrap();
+    let valid_left = (0..left.len()).filter(|&i| !left.is_null(i)).count();
+    let valid_right = (0..right.len()).filter(|&i| !right.is_null(i)).count();
+    assert_eq!(g.len(), valid_left * valid_right);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn concurrent_probes_share_one_index() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(7);
+    let right_rows = random_rows(&mut rng, 2000, DIM, 200, &[]);
+    let right = batch(&right_rows);
+    let m = metric(MetricKind::Cosine, DIM);
+    let index = std::sync::Arc::new(GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap());
+    let expected = index
+        .probe(&right, Selection::Nearest(5), ProbeOptions::default())
+        .unwrap();
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let index = index.clone();
+            let right = right.clone();
+            std::thread::spawn(move || {
+                index
+                    .probe(&right, Selection::Nearest(5), ProbeOptions::default())
+                    .unwrap()
+            })
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), expected);
+    }
+}
