@@ -1,12 +1,16 @@
 -- String matching with hashed character n-grams (the paper's SEC EDGAR case, in SQL alone):
 -- company names that start with 'AB' whose 3-gram count vectors are within cosine distance 0.25
--- of one another, i.e. near-duplicate spellings of the same company.
+-- of one another (case and spacing ignored): near-duplicate spellings and numbered series.
 -- Run from the repository root:  sparse-knn sql sql-examples/03_string_matching.sql
 CREATE EXTERNAL TABLE names STORED AS PARQUET LOCATION '../shared/data/sec_edgar_names_100k.parquet';
 
+-- EDGAR pads names with runs of spaces before suffixes like '/BD'; collapsed first, or the
+-- shared '   ' n-grams would make unrelated names look alike.
 CREATE TABLE grams AS
-SELECT name_id, name, sparse_char_ngrams(name, 3) AS vec
-FROM names
+SELECT name_id, name, sparse_char_ngrams(clean, 3) AS vec
+FROM (SELECT name_id, regexp_replace(trim(name), '\s+', ' ', 'g') AS name,
+             lower(regexp_replace(trim(name), '\s+', ' ', 'g')) AS clean
+      FROM names)
 WHERE name LIKE 'AB%'
 ORDER BY name_id
 LIMIT 2000;

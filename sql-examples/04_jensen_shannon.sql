@@ -1,7 +1,8 @@
 -- Jensen-Shannon neighbours of single cells: UMI counts of FACS-purified PBMCs (Zheng et al.
 -- 2017, CC BY 4.0) are l1-normalised into expression profiles, and each of 300 cells gets its
 -- 15 nearest cells by Jensen-Shannon distance. The FACS cell type is a ground truth: a
--- majority vote of the neighbours' types predicts the query's type.
+-- majority vote of the neighbours' types predicts the query's type (B, NK, CD34+ and cytotoxic
+-- cells come out well; the CD4+ T-cell subsets are famously hard to tell apart on counts alone).
 -- Run from the repository root:  sparse-knn sql sql-examples/04_jensen_shannon.sql
 CREATE EXTERNAL TABLE facs STORED AS PARQUET LOCATION '../shared/data/pbmc_facs_counts.parquet';
 

@@ -41,9 +41,12 @@ pub fn register_all(ctx: &SessionContext) -> datafusion::common::Result<()> {
     Ok(())
 }
 
-/// A session with the `sparse_knn` settings and every function registered.
+/// A session with the `sparse_knn` settings and every function registered, and the
+/// information schema on (so `SHOW sparse_knn.device` works).
 pub fn session_context() -> SessionContext {
-    let config = SessionConfig::new().with_option_extension(SparseKnnConfig::default());
+    let config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_option_extension(SparseKnnConfig::default());
     let ctx = SessionContext::new_with_config(config);
     register_all(&ctx).expect("registering the crate's functions in a new session cannot fail");
     ctx

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::array::{AsArray, RecordBatch};
 use arrow::datatypes::{Float64Type, Int32Type, Int64Type};
 use datafusion_sparse_knn::generate::Shape;
 use datafusion_sparse_knn::vector::VectorCheck;
@@ -431,5 +431,54 @@ fn sql_examples_run() {
         let rel = f.strip_prefix(root).unwrap();
         let out = ok(&["sql", rel.to_str().unwrap()]);
         assert!(out.lines().count() >= 5, "{}: {out}", f.display());
+    }
+}
+
+#[test]
+fn bench_times_each_metric_and_writes_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let out = ok(&[
+        "bench",
+        "--shape",
+        "secedgar",
+        "--rows",
+        "3000",
+        "--queries",
+        "200",
+        "-k",
+        "5",
+        "--metrics",
+        "cosine,hamming",
+        "--devices",
+        "cpu",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("metric cosine") && out.contains("metric hamming"),
+        "{out}"
+    );
+    let text = std::fs::read_to_string(&json).unwrap();
+    // 200 queries x k = 5 neighbours each, for both metrics; a projection since Q < rows.
+    assert_eq!(text.matches("\"pairs\": 1000,").count(), 2, "{text}");
+    assert_eq!(text.matches("\"error\": null").count(), 2, "{text}");
+    assert!(!text.contains("\"projected_full_join_s\": null"), "{text}");
+    // --json is not overwritten by surprise either.
+    let e = fails(&["bench", "--rows", "100", "--json", json.to_str().unwrap()]);
+    assert!(e.contains("--overwrite"), "{e}");
+    if !datafusion_sparse_knn::gpu::is_available() {
+        let e = fails(&[
+            "bench",
+            "--shape",
+            "secedgar",
+            "--rows",
+            "100",
+            "--metrics",
+            "cosine",
+            "--devices",
+            "gpu",
+        ]);
+        assert!(e.contains("1 of 1 runs failed") && e.contains("gpu"), "{e}");
     }
 }

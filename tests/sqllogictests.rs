@@ -64,7 +64,11 @@ impl sqllogictest::AsyncDB for Db {
         if schema.fields().is_empty() {
             return Ok(DBOutput::StatementComplete(0));
         }
-        let types = schema.fields().iter().map(|f| column_type(f.data_type())).collect();
+        let types = schema
+            .fields()
+            .iter()
+            .map(|f| column_type(f.data_type()))
+            .collect();
         let mut rows = Vec::new();
         for batch in &batches {
             rows.extend(batch_rows(batch)?);
@@ -87,9 +91,10 @@ fn column_type(t: &DataType) -> DefaultColumnType {
     match t {
         t if t.is_integer() => DefaultColumnType::Integer,
         t if t.is_floating() => DefaultColumnType::FloatingPoint,
-        DataType::Decimal32(..) | DataType::Decimal64(..) | DataType::Decimal128(..) | DataType::Decimal256(..) => {
-            DefaultColumnType::FloatingPoint
-        }
+        DataType::Decimal32(..)
+        | DataType::Decimal64(..)
+        | DataType::Decimal128(..)
+        | DataType::Decimal256(..) => DefaultColumnType::FloatingPoint,
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => DefaultColumnType::Text,
         _ => DefaultColumnType::Any,
     }
@@ -120,7 +125,9 @@ fn float_to_str(v: f64) -> String {
     } else if v.abs() < 1e-12 {
         "0".to_string()
     } else {
-        let rounded: f64 = format!("{v:.5e}").parse().expect("a formatted float parses");
+        let rounded: f64 = format!("{v:.5e}")
+            .parse()
+            .expect("a formatted float parses");
         format!("{rounded}")
     }
 }
@@ -132,11 +139,19 @@ fn write_cell(out: &mut String, col: &ArrayRef, row: usize, top: bool) -> Result
         return Ok(());
     }
     match col.data_type() {
-        DataType::Float16 => out.push_str(&float_to_str(col.as_primitive::<Float16Type>().value(row).to_f64())),
-        DataType::Float32 => out.push_str(&float_to_str(col.as_primitive::<Float32Type>().value(row) as f64)),
-        DataType::Float64 => out.push_str(&float_to_str(col.as_primitive::<Float64Type>().value(row))),
+        DataType::Float16 => out.push_str(&float_to_str(
+            col.as_primitive::<Float16Type>().value(row).to_f64(),
+        )),
+        DataType::Float32 => out.push_str(&float_to_str(
+            col.as_primitive::<Float32Type>().value(row) as f64,
+        )),
+        DataType::Float64 => {
+            out.push_str(&float_to_str(col.as_primitive::<Float64Type>().value(row)))
+        }
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View if top => {
-            let s = ArrayFormatter::try_new(col.as_ref(), &FormatOptions::default())?.value(row).to_string();
+            let s = ArrayFormatter::try_new(col.as_ref(), &FormatOptions::default())?
+                .value(row)
+                .to_string();
             if s.is_empty() {
                 out.push_str("(empty)");
             } else {
@@ -186,7 +201,11 @@ fn write_cell(out: &mut String, col: &ArrayRef, row: usize, top: bool) -> Result
         }
         _ => {
             let options = FormatOptions::default().with_null("NULL");
-            out.push_str(&ArrayFormatter::try_new(col.as_ref(), &options)?.value(row).to_string());
+            out.push_str(
+                &ArrayFormatter::try_new(col.as_ref(), &options)?
+                    .value(row)
+                    .to_string(),
+            );
         }
     }
     Ok(())
@@ -206,7 +225,9 @@ fn slt_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
 
 fn new_runner() -> sqllogictest::Runner<Db, impl sqllogictest::MakeConnection<Conn = Db>> {
     let mut runner = sqllogictest::Runner::new(|| async {
-        Ok::<_, SltError>(Db { ctx: datafusion_sparse_knn::session_context() })
+        Ok::<_, SltError>(Db {
+            ctx: datafusion_sparse_knn::session_context(),
+        })
     });
     runner.with_column_validator(sqllogictest::strict_column_validator);
     runner
@@ -218,14 +239,21 @@ async fn main() -> ExitCode {
     let complete = args.iter().any(|a| a == "--complete");
     let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("slt");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("slt");
     let mut files = Vec::new();
     if let Err(e) = slt_files(&root, &mut files) {
         eprintln!("cannot list {}: {e}", root.display());
         return ExitCode::FAILURE;
     }
     files.sort();
-    files.retain(|f| filters.is_empty() || filters.iter().any(|p| f.to_string_lossy().contains(p.as_str())));
+    files.retain(|f| {
+        filters.is_empty()
+            || filters
+                .iter()
+                .any(|p| f.to_string_lossy().contains(p.as_str()))
+    });
 
     // Paths in the files (e.g. '../shared/data/kos_bow.parquet') are relative to the crate root.
     if let Err(e) = std::env::set_current_dir(env!("CARGO_MANIFEST_DIR")) {
@@ -235,7 +263,11 @@ async fn main() -> ExitCode {
 
     let mut failed = 0;
     for file in &files {
-        let name = file.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap_or(file).display().to_string();
+        let name = file
+            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .unwrap_or(file)
+            .display()
+            .to_string();
         let started = std::time::Instant::now();
         let mut runner = new_runner();
         let result = if complete {
@@ -250,7 +282,10 @@ async fn main() -> ExitCode {
                 .await
                 .map_err(|e| e.to_string())
         } else {
-            runner.run_file_async(file).await.map_err(|e| e.display(false).to_string())
+            runner
+                .run_file_async(file)
+                .await
+                .map_err(|e| e.display(false).to_string())
         };
         match result {
             Ok(()) => println!("ok      {name} ({:.1}s)", started.elapsed().as_secs_f64()),
@@ -260,7 +295,11 @@ async fn main() -> ExitCode {
             }
         }
     }
-    println!("{} files, {} passed, {failed} failed", files.len(), files.len() - failed);
+    println!(
+        "{} files, {} passed, {failed} failed",
+        files.len(),
+        files.len() - failed
+    );
     if failed > 0 {
         ExitCode::FAILURE
     } else {

@@ -104,7 +104,8 @@ pub struct CpuIndex {
     pub(crate) dense_slot: Vec<u32>,
     /// Dense columns, slot-major: `dense_vals[slot * rows + row]`, zero where the row lacks it.
     pub(crate) dense_vals: Vec<f32>,
-    /// Chebyshev walks right rows directly: CSR with column ids, zeros dropped.
+    /// Chebyshev only: each right row's (column id, value) with zeros dropped, largest |value|
+    /// first, so the row's largest value on a column the left row lacks is found in a few steps.
     pub(crate) row_ptr: Vec<usize>,
     pub(crate) row_cols: Vec<u32>,
     pub(crate) row_vals: Vec<f32>,
@@ -171,15 +172,17 @@ impl CpuIndex {
             row_cols: Vec::new(),
             row_vals: Vec::new(),
         };
-        if metric.kind == MetricKind::Chebyshev {
+        // Chebyshev needs every column as postings: it tracks per right row which left columns it
+        // holds, which a dense pass would do no faster.
+        let chebyshev = metric.kind == MetricKind::Chebyshev;
+        index.build_columns(right, !chebyshev);
+        if chebyshev {
             index.build_rows(right, nnz);
-        } else {
-            index.build_columns(right);
         }
         index
     }
 
-    fn build_columns(&mut self, right: &SparseBatch) {
+    fn build_columns(&mut self, right: &SparseBatch, allow_dense: bool) {
         let mut counts = vec![0usize; self.column_count + 1];
         for r in 0..self.rows {
             let (idx, val) = right.row(r);
@@ -190,7 +193,7 @@ impl CpuIndex {
                 }
             }
         }
-        let dense_from = if self.rows >= DENSE_MIN_ROWS {
+        let dense_from = if allow_dense && self.rows >= DENSE_MIN_ROWS {
             self.rows.div_ceil(
                 std::env::var("TMP_DENSE_RATIO")
                     .ok()
@@ -246,14 +249,19 @@ impl CpuIndex {
         self.row_ptr.push(0);
         self.row_cols = Vec::with_capacity(nnz);
         self.row_vals = Vec::with_capacity(nnz);
+        let mut entries: Vec<(u32, f32)> = Vec::new();
         for r in 0..self.rows {
             let (idx, val) = right.row(r);
-            for (&c, &v) in idx.iter().zip(val) {
-                if v != 0.0 {
-                    self.row_cols.push(self.columns.get(c).unwrap());
-                    self.row_vals.push(v);
-                }
-            }
+            entries.clear();
+            entries.extend(
+                idx.iter()
+                    .zip(val)
+                    .filter(|(_, &v)| v != 0.0)
+                    .map(|(&c, &v)| (self.columns.get(c).unwrap(), v)),
+            );
+            entries.sort_unstable_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+            self.row_cols.extend(entries.iter().map(|e| e.0));
+            self.row_vals.extend(entries.iter().map(|e| e.1));
             self.row_ptr.push(self.row_cols.len());
         }
     }
@@ -293,7 +301,7 @@ impl CpuIndex {
     /// Working memory per CPU thread while probing.
     pub fn workspace_size(&self) -> usize {
         if self.metric.kind == MetricKind::Chebyshev {
-            self.column_count * 20
+            self.rows * 12 + self.column_count * 4
         } else {
             self.rows * 16
         }

@@ -1,5 +1,6 @@
 //! The CPU backend: an inverted index of the build side and a parallel probe with fused top-k.
 
+mod chebyshev;
 mod folded;
 mod index;
 mod probe;

@@ -7,6 +7,7 @@
 
 use rayon::prelude::*;
 
+use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::CpuIndex;
 use super::topk::TopK;
@@ -119,46 +120,24 @@ pub fn probe(
 /// Per-thread scratch, reused across rows.
 struct Workspace {
     folded: FoldedScratch,
+    chebyshev: ChebyshevScratch,
     topk: TopK,
-    // Chebyshev: the left row scattered over column ids, and a stamp per column.
-    dense: Vec<f32>,
-    left_stamp: Vec<u32>,
-    hit_stamp: Vec<u64>,
-    stamp: u32,
-    hit: u64,
-    sorted: Vec<(u32, f32)>,
 }
 
 impl Workspace {
     fn new(index: &CpuIndex) -> Self {
-        let cheb = index.metric.kind == MetricKind::Chebyshev;
-        let folded = if cheb {
-            FoldedScratch::default()
-        } else {
-            let two = with_semiring!(index.metric, s => needs_second(&s));
-            FoldedScratch::new(index.rows, two)
-        };
+        if index.metric.kind == MetricKind::Chebyshev {
+            return Workspace {
+                folded: FoldedScratch::default(),
+                chebyshev: ChebyshevScratch::new(index),
+                topk: TopK::default(),
+            };
+        }
+        let two = with_semiring!(index.metric, s => needs_second(&s));
         Workspace {
-            folded,
+            folded: FoldedScratch::new(index.rows, two),
+            chebyshev: ChebyshevScratch::default(),
             topk: TopK::default(),
-            dense: if cheb {
-                vec![0.0; index.column_count]
-            } else {
-                Vec::new()
-            },
-            left_stamp: if cheb {
-                vec![0; index.column_count]
-            } else {
-                Vec::new()
-            },
-            hit_stamp: if cheb {
-                vec![0; index.column_count]
-            } else {
-                Vec::new()
-            },
-            stamp: 0,
-            hit: 0,
-            sorted: Vec::new(),
         }
     }
 }
@@ -208,8 +187,9 @@ fn probe_row(
     if let Selection::Nearest(k) = selection {
         ws.topk.reset(k);
     }
-    let mut offer = |j: usize, d: f64, ws_topk: &mut TopK| match selection {
-        Selection::Nearest(_) => ws_topk.push(d, j as u32),
+    let topk = &mut ws.topk;
+    let offer = |j: usize, d: f64| match selection {
+        Selection::Nearest(_) => topk.push(d, j as u32),
         Selection::Within(radius) => {
             if metric.within(d, radius) {
                 out.left.push(left_row);
@@ -218,70 +198,12 @@ fn probe_row(
             }
         }
     };
-    chebyshev_row(index, row, skip, ws, &mut offer);
+    chebyshev_row(index, row, skip, &mut ws.chebyshev, offer);
     if let Selection::Nearest(_) = selection {
         for (key, j) in ws.topk.drain_sorted() {
             out.left.push(left_row);
             out.right.push(j);
             out.distance.push(key);
         }
-    }
-}
-
-#[inline(never)]
-fn chebyshev_row(
-    index: &CpuIndex,
-    (indices, values): (&[i32], &[f32]),
-    skip: Option<usize>,
-    ws: &mut Workspace,
-    offer: &mut impl FnMut(usize, f64, &mut TopK),
-) {
-    ws.stamp = ws.stamp.wrapping_add(1);
-    if ws.stamp == 0 {
-        ws.left_stamp.fill(0);
-        ws.stamp = 1;
-    }
-    // Left nonzeros on columns the right side never uses are never matched: a constant term.
-    let mut outside = 0.0f64;
-    ws.sorted.clear();
-    for (&c, &x) in indices.iter().zip(values) {
-        if x == 0.0 {
-            continue;
-        }
-        match index.columns.get(c) {
-            Some(col) => {
-                ws.dense[col as usize] = x;
-                ws.left_stamp[col as usize] = ws.stamp;
-                ws.sorted.push((col, x.abs()));
-            }
-            None => outside = outside.max(x.abs() as f64),
-        }
-    }
-    // Largest |x| first: the max over left-only columns is the first one a right row misses.
-    ws.sorted.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-    for j in 0..index.rows {
-        if !index.valid[j] || skip == Some(j) {
-            continue;
-        }
-        ws.hit += 1;
-        let mut m = outside;
-        for p in index.row_ptr[j]..index.row_ptr[j + 1] {
-            let col = index.row_cols[p] as usize;
-            let y = index.row_vals[p] as f64;
-            if ws.left_stamp[col] == ws.stamp {
-                m = m.max((ws.dense[col] as f64 - y).abs());
-                ws.hit_stamp[col] = ws.hit;
-            } else {
-                m = m.max(y.abs());
-            }
-        }
-        if let Some(&(_, ax)) = ws
-            .sorted
-            .iter()
-            .find(|(col, _)| ws.hit_stamp[*col as usize] != ws.hit)
-        {
-            m = m.max(ax as f64);
-        }
-        offer(j, m, &mut ws.topk);
     }
 }

@@ -440,16 +440,24 @@ impl GpuIndex {
             let (first_row, part_rows, ntiles) = self.parts_meta[p];
             let col_ids = inner.col_ids.as_ref();
             let mut out = PairList::default();
-            let work_budget = self.budget.saturating_sub(held).max(1 << 20);
+            let work_budget = self.budget.saturating_sub(held).max(1);
             let mut r0 = 0;
+            // Shrinks when a radius chunk finds more pairs than the budget can hold.
+            let mut max_rows = usize::MAX;
             while r0 < left.len() {
-                let r1 = self.chunk_end(left, r0, selection, work_budget);
-                let chunk = self.run_chunk(
+                let r1 = self
+                    .chunk_end(left, r0, selection, work_budget)
+                    .min(r0 + max_rows);
+                match self.run_chunk(
                     part, first_row, part_rows, ntiles, col_ids, left, r0, r1, selection, options,
                     held, stats,
-                )?;
-                out.extend_from(chunk);
-                r0 = r1;
+                )? {
+                    Some(chunk) => {
+                        out.extend_from(chunk);
+                        r0 = r1;
+                    }
+                    None => max_rows = ((r1 - r0) / 2).max(1),
+                }
             }
             per_part.push(out);
         }
@@ -502,14 +510,14 @@ impl GpuIndex {
         options: ProbeOptions,
         held: u64,
         stats: &mut GpuStats,
-    ) -> Result<PairList> {
+    ) -> Result<Option<PairList>> {
         let device = &*self.device;
         let work: Vec<i32> = (r0..r1)
             .filter(|&r| !left.is_null(r))
             .map(|r| (r - r0) as i32)
             .collect();
         if work.is_empty() {
-            return Ok(PairList::default());
+            return Ok(Some(PairList::default()));
         }
         let nwork = work.len();
         let self_first = match options.exclude_self_from {
@@ -661,6 +669,13 @@ impl GpuIndex {
                     + if knn { cap * 8 } else { 0 }
                     + FOLDED_THREADS as usize * 12) as u32;
                 let f = device.function(&name, smem)?;
+                if log::log_enabled!(log::Level::Debug) {
+                    log::debug!(
+                        "GPU {name}: {nwork} left rows x {part_rows} right rows, tile {tile_rows} \
+                         ({ntiles} tiles), {} registers, {smem} B shared, k {k}",
+                        f.num_regs().unwrap_or(-1)
+                    );
+                }
                 let l_base = off[0] as i64;
                 let col_mode: i32 = matches!(self.columns, ColumnMap::Sorted(_)) as i32;
                 let dummy_ids;
@@ -739,6 +754,11 @@ impl GpuIndex {
             }
             let found = download(device, &r_counter, 1)?[0];
             if found > r_cap {
+                let room = self.budget.saturating_sub(held + bytes + 4096) / 16;
+                if found > room && r1 - r0 > 1 {
+                    // More pairs than the budget holds: the caller retries with fewer left rows.
+                    return Ok(None);
+                }
                 // The pair list overflowed: run again with room for every pair.
                 r_cap = found;
                 continue;
@@ -752,7 +772,7 @@ impl GpuIndex {
             pairs.distance = dists;
             break;
         }
-        Ok(pairs)
+        Ok(Some(pairs))
     }
 
     /// Chebyshev's left rows: per work row its nonzeros as (column id or -1, x), largest |x|
