@@ -41,21 +41,32 @@ if [ "$mode" = test ]; then
 fi
 
 if [ "$mode" = bench ]; then
+    # Full self-join (every row queries every row) through SQL for FULL_METRICS, then every metric
+    # on the first Q rows (chebyshev's union walk is too slow for the full join of the large sets),
+    # then the anchors on the same Parquet files.
     unpack sparse-knn
     K=/tmp/sparse-knn
     DATA=/tmp/data
-    mkdir -p $DATA
-    METRICS=${METRICS:-dot,cosine,euclidean,manhattan,jensenshannon}
+    J=/tmp/json
+    mkdir -p $DATA $J
+    FULL_METRICS=${FULL_METRICS:-dot,cosine,euclidean,manhattan,canberra,jensenshannon}
+    ALL=dot,cosine,euclidean,sqeuclidean,manhattan,chebyshev,minkowski,canberra,braycurtis,hamming,jaccard,dice,russellrao,correlation,hellinger,jensenshannon,kl_divergence
     Q=${Q:-1024}
+    PARQ=""
     for spec in "$@"; do   # shape:rows
         shape=${spec%%:*}; rows=${spec##*:}
         f=$DATA/$shape.parquet
-        $K generate --shape "$shape" --rows "$rows" --output "$f" 2>&1 | tail -1
-        $K bench --input "$f" --metrics "$METRICS" --devices gpu -k 10 --queries "$Q" \
-            --json "$OUT/bench_$shape.json" 2>&1 | tee "$OUT/bench_$shape.log"
-        PARQ="${PARQ:-} --parquet $shape=$f"
+        $K generate --shape "$shape" --rows "$rows" --output "$f" 2>&1 | tail -1 | tee -a "$OUT/bench.log"
+        if [ "${SKIP_FULL:-0}" != 1 ]; then
+            RUST_LOG=${RUST_LOG:-info} timeout ${BENCH_TIMEOUT:-240} $K bench --input "$f" --metrics "$FULL_METRICS" \
+                --devices gpu -k 10 --repeat 2 --json "$J/full_$shape.json" 2>&1 | tee -a "$OUT/bench.log"
+        fi
+        timeout ${BENCH_TIMEOUT:-240} $K bench --input "$f" --metrics "${Q_METRICS:-$ALL}" --devices gpu -k 10 \
+            --queries "$Q" --repeat 2 --json "$J/q_$shape.json" 2>&1 | tee -a "$OUT/bench.log"
+        PARQ="$PARQ --parquet $shape=$f"
     done
-    if [ -f devrun/anchors.py ] && [ -n "${PARQ:-}" ]; then
+    tar czf "$OUT/bench_json.tgz" -C $J .
+    if [ -f devrun/anchors.py ] && [ -n "$PARQ" ] && [ "${SKIP_ANCHORS:-0}" != 1 ]; then
         PYTHONUNBUFFERED=1 Q=$Q OUT=$OUT timeout ${ANCHOR_TIMEOUT:-300} python3 devrun/anchors.py $PARQ 2>&1 | tee "$OUT/anchors.log" || true
     fi
 fi

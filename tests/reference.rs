@@ -632,6 +632,71 @@ fn knn_and_radius_match_brute_force() {
     assert_no_failures("probe vs brute force", &failures);
 }
 
+/// Consistency of the probe with itself: the top k is the first k of the full ranking (so ties
+/// at the k-th place also go to the earlier row), and a radius query returns exactly the rows of
+/// the full ranking whose reported distance is within the radius.
+#[test]
+fn top_k_is_a_prefix_of_the_full_ranking_and_agrees_with_radius() {
+    let mut failures = Vec::new();
+    for (seed, dim) in [(61u64, 40i32), (62, 1500)] {
+        for metric in kind_cases(dim as u64) {
+            let rows_l = rows_for(&metric, seed, 30, dim, true);
+            let rows_r = rows_for(&metric, seed + 100, 70, dim, true);
+            let index = CpuIndex::build(&batch(&rows_r), &metric);
+            let left = batch(&rows_l);
+            let all = probe(
+                &index,
+                &left,
+                Selection::Nearest(usize::MAX),
+                ProbeOptions::default(),
+            );
+            let full = group_by_left(&all, rows_l.len());
+            for k in 1..=12 {
+                let top = probe(
+                    &index,
+                    &left,
+                    Selection::Nearest(k),
+                    ProbeOptions::default(),
+                );
+                for (i, got) in group_by_left(&top, rows_l.len()).iter().enumerate() {
+                    let want = &full[i][..k.min(full[i].len())];
+                    if got[..] != want[..] {
+                        failures.push(format!(
+                            "{metric} k={k}: left row {i} got {got:?}, the full ranking starts {want:?}"
+                        ));
+                    }
+                }
+            }
+            for (i, ranking) in full.iter().enumerate() {
+                for &(_, d) in ranking.iter().step_by(9) {
+                    let within = probe(
+                        &index,
+                        &batch(&rows_l[i..=i]),
+                        Selection::Within(d),
+                        ProbeOptions::default(),
+                    );
+                    let mut want: Vec<(u32, f64)> = ranking
+                        .iter()
+                        .copied()
+                        .filter(|p| metric.within(p.1, d))
+                        .collect();
+                    want.sort_by_key(|p| p.0);
+                    let got: Vec<(u32, f64)> = within
+                        .right
+                        .iter()
+                        .copied()
+                        .zip(within.distance.iter().copied())
+                        .collect();
+                    if got != want {
+                        failures.push(format!("{metric} radius={d:e}: left row {i} got {got:?}, the ranking says {want:?}"));
+                    }
+                }
+            }
+        }
+    }
+    assert_no_failures("probe self-consistency", &failures);
+}
+
 #[test]
 fn self_join_with_exclude_self() {
     let mut failures = Vec::new();

@@ -318,7 +318,7 @@ async fn time_one(
         k,
         pairs,
         wall_s,
-        kernel_s: (on_gpu && error.is_none()).then(|| stats.kernel_nanos as f64 * 1e-9),
+        kernel_s: (on_gpu && error.is_none()).then_some(stats.kernel_nanos as f64 * 1e-9),
         peak_device_bytes: (on_gpu && error.is_none()).then_some(stats.peak_device_bytes),
         error,
     }

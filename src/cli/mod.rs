@@ -326,9 +326,7 @@ pub fn progress_bar(total: u64, what: &str) -> ProgressBar {
         return ProgressBar::hidden();
     }
     let bar = ProgressBar::new(total);
-    let template = format!(
-        "{{spinner}} {what} [{{bar:40}}] {{human_pos}}/{{human_len}} rows {{per_sec}} eta {{eta}}"
-    );
+    let template = format!("{{spinner}} {what} [{{bar:30}}] {{human_pos}}/{{human_len}} rows, {{elapsed}} (eta {{eta}})");
     if let Ok(style) = ProgressStyle::with_template(&template) {
         bar.set_style(style.progress_chars("=> "));
     }

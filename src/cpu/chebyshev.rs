@@ -78,11 +78,11 @@ pub(crate) fn chebyshev_row(
             .iter()
             .zip(&index.col_vals[start..end])
         {
+            // Branch-free: whether j holds every column so far is data, not predictable.
             let j = j as usize;
-            shared[j] = shared[j].max((x - y as f64).abs());
-            if prefix[j] == t as u32 {
-                prefix[j] += 1;
-            }
+            let d = (x - y as f64).abs();
+            shared[j] = if d > shared[j] { d } else { shared[j] };
+            prefix[j] += (prefix[j] == t as u32) as u32;
         }
     }
 

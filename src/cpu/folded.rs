@@ -4,14 +4,14 @@
 //!    right row): dense columns with a streaming vectorised pass, four at a time, sparse columns
 //!    by scattering their postings. f64 because the folded forms cancel (manhattan, js, the
 //!    expanded euclidean); the index keeps the f32 inputs exactly.
-//! 2. Select: a cheap *key* per right row, monotone in its distance (see [`KeyForm`]), is compared
-//!    block by block against the k-th key so far; only rows that beat it reach the heap. The
-//!    distance itself comes from the semiring's `finish`, for the k winners only.
+//! 2. Select: a cheap *filter* value per right row, of which the distance is a non-decreasing
+//!    function (see [`KeyForm`]), is compared block by block against the k-th row's so far; only
+//!    rows that beat it are finished (by the semiring's own `finish`) and offered to the heap.
 //!
 //! The kernel is compiled twice, for baseline x86-64 and for AVX2+FMA (chosen at run time), so the
 //! crate still runs on any x86-64 while the machines we run on get 256-bit vectors.
 
-use super::index::{CpuIndex, KeyForm, SPARSE};
+use super::index::{shift_scale, CpuIndex, KeyForm, SPARSE};
 use super::probe::{PairList, Selection};
 use super::topk::TopK;
 use crate::metric::{RowTotals, Semiring};
@@ -151,15 +151,12 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
         Selection::Nearest(k) => {
             ws.topk.reset(k);
             select_nearest(s, index, &left_totals, acc0, acc1, &keep, &mut ws.topk);
-            let first = out.right.len();
-            for (_, j) in ws.topk.drain_sorted() {
+            let negate = index.metric.kind.is_similarity();
+            for (d, j) in ws.topk.drain_sorted() {
                 out.left.push(left_row);
                 out.right.push(j);
-                out.distance.push(finish(j as usize, acc0, acc1));
+                out.distance.push(if negate { -d } else { d });
             }
-            // Keys rank like distances only up to rounding (and `finish` clamps): order the kept
-            // pairs by the distance reported, ties to the smaller right row (SPEC).
-            rank_by_distance(index.metric.kind.is_similarity(), out, first);
         }
         Selection::Within(radius) => {
             for j in 0..n {
@@ -174,29 +171,6 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
     }
     acc0.fill(0.0);
     acc1.fill(0.0);
-}
-
-/// Sorts the pairs from `first` on by distance (nearest first), then by right row.
-fn rank_by_distance(similarity: bool, out: &mut PairList, first: usize) {
-    let mut kept: Vec<(f64, u32)> = out.distance[first..]
-        .iter()
-        .copied()
-        .zip(out.right[first..].iter().copied())
-        .collect();
-    kept.sort_by(|a, b| {
-        let by_distance = if a.0 == b.0 {
-            std::cmp::Ordering::Equal
-        } else if similarity {
-            b.0.total_cmp(&a.0)
-        } else {
-            a.0.total_cmp(&b.0)
-        };
-        by_distance.then(a.1.cmp(&b.1))
-    });
-    for (i, (d, j)) in kept.into_iter().enumerate() {
-        out.distance[first + i] = d;
-        out.right[first + i] = j;
-    }
 }
 
 /// `acc[j] += Σ_g pair(x_g, col_g[j])` over all right rows: a streaming loop the compiler
@@ -240,11 +214,12 @@ fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
     }
 }
 
-/// Right rows per admission test: a block's keys are computed with vector instructions, and a
-/// block where none beats the k-th key so far costs one comparison per row.
+/// Right rows per admission test: a block's filter values are computed with vector instructions,
+/// and a block where none beats the k-th row so far costs one comparison per row.
 const BLOCK: usize = 64;
 
-/// Offers every kept right row to `topk` by its key.
+/// Offers every kept right row to `topk`: rows whose filter value (see [`KeyForm`]) beats the
+/// k-th row's are finished and pushed by their true distance.
 #[inline(always)]
 fn select_nearest<S: Semiring>(
     s: &S,
@@ -259,49 +234,61 @@ fn select_nearest<S: Semiring>(
     let base = &index.key_base[..];
     let totals = &index.totals[..n];
     let negate = index.metric.kind.is_similarity();
-    let mut keys = [0.0f64; BLOCK];
+    let left_norm = left_totals.t0.sqrt();
+    let (left_total, scale) = (left_totals.t0, shift_scale(index.metric.kind));
+    let finish = |j: usize| {
+        let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
+        let d = s.finish(acc0[j], a1, left_totals, &totals[j]);
+        if negate {
+            -d
+        } else {
+            d
+        }
+    };
+    let mut filter = [0.0f64; BLOCK];
     let mut start = 0;
     while start < n {
         let len = BLOCK.min(n - start);
-        let keys = &mut keys[..len];
+        let filter = &mut filter[..len];
         let a0 = &acc0[start..start + len];
+        // Each form computes exactly the double that `finish` computes before its monotone tail.
         match index.key_form {
             KeyForm::Negated => {
                 for i in 0..len {
-                    keys[i] = -a0[i];
+                    filter[i] = -a0[i];
                 }
             }
-            KeyForm::Scaled => {
+            KeyForm::Quotient => {
                 let b = &base[start..start + len];
                 for i in 0..len {
-                    keys[i] = -a0[i] * b[i];
+                    let q = a0[i] / (left_norm * b[i]);
+                    filter[i] = if b[i] == 0.0 || left_norm == 0.0 {
+                        0.0
+                    } else {
+                        -q
+                    };
                 }
             }
             KeyForm::Shifted => {
                 let b = &base[start..start + len];
                 for i in 0..len {
-                    keys[i] = a0[i] + b[i];
+                    filter[i] = (left_total + b[i]) * scale + a0[i];
                 }
             }
             KeyForm::Exact => {
-                let t = &totals[start..start + len];
-                for i in 0..len {
-                    let a1 = if S::TWO_ACCUMULATORS {
-                        acc1[start + i]
-                    } else {
-                        0.0
-                    };
-                    let d = s.finish(a0[i], a1, left_totals, &t[i]);
-                    keys[i] = if negate { -d } else { d };
+                for (i, f) in filter.iter_mut().enumerate() {
+                    *f = finish(start + i);
                 }
             }
         }
-        let worst = topk.worst();
-        // A NaN key never enters a full top-k (nor in `TopK::push`), so `<` is the right test.
-        if !topk.is_full() || keys.iter().fold(false, |any, &k| any | (k < worst)) {
-            for (i, &key) in keys.iter().enumerate() {
-                if topk.admits(key) && keep(start + i) {
-                    topk.push(key, (start + i) as u32);
+        let bound = topk.filter_bound();
+        // Not below the bound means not nearer than the k-th row (rows come in increasing order,
+        // so a tie does not displace it either); NaN never gets in, as in `TopK::push`.
+        if !topk.is_full() || filter.iter().fold(false, |any, &f| any | (f < bound)) {
+            for (i, &f) in filter.iter().enumerate() {
+                let j = start + i;
+                if (!topk.is_full() || f < topk.filter_bound()) && keep(j) {
+                    topk.push_filtered(finish(j), j as u32, f);
                 }
             }
         }

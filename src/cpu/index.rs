@@ -23,20 +23,23 @@ const DENSE_MIN_ROWS: usize = 256;
 /// `dense_slot` of a column stored as postings.
 pub(crate) const SPARSE: u32 = u32::MAX;
 
-/// How the probe ranks right rows without finishing each one: a key per right row, computed from
-/// the accumulated sum and `key_base`, that orders rows as their distance does (the distance is a
-/// non-decreasing function of the key, given the left row). Selection compares keys; only the k
-/// winners are finished. The forms are read off each metric's `finish`.
+/// How the probe skips finishing most right rows: a cheap *filter* value per right row, computed
+/// from the accumulated sum and `key_base`, that is exactly the quantity the metric's `finish`
+/// then maps through a non-decreasing function (a sqrt, a clamp, a division by d, ...). So a row
+/// whose filter is not below that of the current k-th row cannot beat it, and only rows that pass
+/// are finished and ranked by their true distance (ties by row, as the contract says).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum KeyForm {
-    /// key = −acc: dot (a similarity), russellrao ((d − acc) / d).
+    /// −acc: dot (a similarity, ranked by −acc), russellrao ((d − acc) / d).
     Negated,
-    /// key = −acc · base, base = 1/‖y‖ (0 for a zero row): cosine, 1 − acc / (‖x‖‖y‖).
-    Scaled,
-    /// key = acc + base, base the right row's share of `left + right + acc`: the sum-folded
-    /// distances (euclidean, manhattan, minkowski, canberra, hamming, hellinger, js).
+    /// −acc / (‖x‖·‖y‖), base = ‖y‖ (0 for a zero row, whose distance is 1 as for acc = 0):
+    /// cosine, 1 − acc / (‖x‖‖y‖).
+    Quotient,
+    /// (left + base)·scale + acc, base the right row's total: the sum-folded distances, g(left +
+    /// right + acc) (euclidean, manhattan, minkowski, canberra, hamming, hellinger; js scales by
+    /// ln 2).
     Shifted,
-    /// key = the distance (negated for a similarity): the rest.
+    /// The distance itself: the rest.
     Exact,
 }
 
@@ -45,23 +48,29 @@ impl KeyForm {
         use MetricKind::*;
         match kind {
             Dot | RussellRao => KeyForm::Negated,
-            Cosine => KeyForm::Scaled,
+            Cosine => KeyForm::Quotient,
             Euclidean | SqEuclidean | Manhattan | Minkowski | Canberra | Hamming | Hellinger
             | JensenShannon => KeyForm::Shifted,
             Correlation | Jaccard | Dice | BrayCurtis | KlDivergence | Chebyshev => KeyForm::Exact,
         }
     }
 
-    fn base(self, kind: MetricKind, totals: &RowTotals) -> f64 {
+    /// The per right row constant: the same double the metric's `finish` computes from the totals.
+    pub(crate) fn base(self, totals: &RowTotals) -> f64 {
         match self {
             KeyForm::Negated | KeyForm::Exact => 0.0,
-            KeyForm::Scaled if totals.t0 > 0.0 => 1.0 / totals.t0.sqrt(),
-            KeyForm::Scaled => 0.0,
-            KeyForm::Shifted if kind == MetricKind::JensenShannon => {
-                totals.t0 * std::f64::consts::LN_2
-            }
+            KeyForm::Quotient => totals.t0.sqrt(),
             KeyForm::Shifted => totals.t0,
         }
+    }
+}
+
+/// The factor of `(left + right)` in a [`KeyForm::Shifted`] metric's finish.
+pub(crate) fn shift_scale(kind: MetricKind) -> f64 {
+    if kind == MetricKind::JensenShannon {
+        std::f64::consts::LN_2
+    } else {
+        1.0
     }
 }
 
@@ -147,10 +156,9 @@ impl CpuIndex {
 
         let key_form = KeyForm::of(metric.kind);
         let key_base = match key_form {
-            KeyForm::Scaled | KeyForm::Shifted => totals
-                .iter()
-                .map(|t| key_form.base(metric.kind, t))
-                .collect(),
+            KeyForm::Quotient | KeyForm::Shifted => {
+                totals.iter().map(|t| key_form.base(t)).collect()
+            }
             KeyForm::Negated | KeyForm::Exact => Vec::new(),
         };
 

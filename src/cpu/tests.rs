@@ -55,7 +55,11 @@ fn metrics() -> Vec<Metric> {
 fn exact_ties(kind: MetricKind) -> bool {
     matches!(
         kind,
-        MetricKind::Hamming | MetricKind::Jaccard | MetricKind::Dice | MetricKind::RussellRao
+        MetricKind::Hamming
+            | MetricKind::Jaccard
+            | MetricKind::Dice
+            | MetricKind::RussellRao
+            | MetricKind::Chebyshev
     )
 }
 

@@ -7,6 +7,8 @@ use std::collections::BinaryHeap;
 struct Entry {
     key: f64,
     row: u32,
+    /// The caller's selection key of this row (not part of the order), see [`TopK::push_filtered`].
+    filter: f64,
 }
 
 impl PartialEq for Entry {
@@ -34,6 +36,8 @@ pub struct TopK {
     heap: BinaryHeap<Entry>,
     /// Key of the current k-th entry, once the heap is full (the admission threshold).
     worst: f64,
+    /// The k-th entry's filter value, once the heap is full.
+    worst_filter: f64,
 }
 
 impl TopK {
@@ -41,41 +45,46 @@ impl TopK {
         self.k = k;
         self.heap.clear();
         self.worst = f64::INFINITY;
+        self.worst_filter = f64::INFINITY;
     }
 
-    /// Whether `push(key, _)` would keep the entry: a cheap test before offering many keys.
-    #[inline]
-    pub fn admits(&self, key: f64) -> bool {
-        self.heap.len() < self.k || key < self.worst
-    }
-
-    /// True once k entries are kept, from when on only keys below [`TopK::worst`] get in.
+    /// True once k entries are kept, from when on only keys below the k-th get in.
     #[inline]
     pub fn is_full(&self) -> bool {
         self.heap.len() >= self.k
     }
 
-    /// The admission threshold of a full top-k (infinity before).
+    /// The filter value of the k-th entry of a full top-k (infinity before): with a filter that
+    /// never decreases as the key grows, only a row whose filter is below it can get in.
     #[inline]
-    pub fn worst(&self) -> f64 {
-        self.worst
+    pub fn filter_bound(&self) -> f64 {
+        self.worst_filter
     }
 
     /// Rows must be offered in increasing order, so an equal key never displaces an earlier row.
     #[inline]
     pub fn push(&mut self, key: f64, row: u32) {
+        self.push_filtered(key, row, key);
+    }
+
+    /// [`TopK::push`], remembering `filter`, a cheaper value of the row that orders rows as the key
+    /// does (the key a non-decreasing function of it), for [`TopK::filter_bound`].
+    #[inline]
+    pub fn push_filtered(&mut self, key: f64, row: u32, filter: f64) {
         if self.k == 0 {
             return;
         }
         if self.heap.len() < self.k {
-            self.heap.push(Entry { key, row });
-            if self.heap.len() == self.k {
-                self.worst = self.heap.peek().map_or(f64::INFINITY, |e| e.key);
-            }
+            self.heap.push(Entry { key, row, filter });
         } else if key < self.worst {
             self.heap.pop();
-            self.heap.push(Entry { key, row });
-            self.worst = self.heap.peek().map_or(f64::INFINITY, |e| e.key);
+            self.heap.push(Entry { key, row, filter });
+        } else {
+            return;
+        }
+        if self.heap.len() == self.k {
+            let worst = self.heap.peek().expect("a full heap");
+            (self.worst, self.worst_filter) = (worst.key, worst.filter);
         }
     }
 

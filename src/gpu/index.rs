@@ -288,10 +288,12 @@ impl GpuIndex {
             ranges.push((start, end));
             start = end;
         }
+        let started = std::time::Instant::now();
         let host_parts: Vec<HostPart> = ranges
             .par_iter()
             .map(|&(s, e)| prepare_part(right, s, e, metric, &columns, tile_rows))
             .collect();
+        let parts_meta_len = host_parts.len();
         let parts_meta = host_parts
             .iter()
             .map(|p| (p.first_row, p.rows, p.ntiles))
@@ -327,6 +329,12 @@ impl GpuIndex {
             .map_err(cuda_err("uploading the right side"))?;
         stats.peak_device_bytes = resident_bytes;
         record_process_stats(&stats);
+        log::debug!(
+            "GPU index: {rows} rows, {} parts, prepared and uploaded in {:?} ({} bytes)",
+            parts_meta_len,
+            started.elapsed(),
+            stats.bytes_to_device
+        );
         drop(_guard);
         Ok(GpuIndex {
             metric: *metric,
@@ -528,8 +536,6 @@ impl GpuIndex {
         // The left chunk as slices of the Arrow buffers: offsets are the row pointer.
         let off = &left.offsets()[r0..=r1];
         let (e0, e1) = (off[0] as usize, off[r1 - r0] as usize);
-        let d_work = upload(device, &work, stats)?;
-        bytes += nwork as u64 * 4;
         let p = self.metric.p;
         let d = self.metric.dim.unwrap_or(1) as f64;
 
@@ -549,6 +555,26 @@ impl GpuIndex {
             Selection::Within(r) => (1, 1, r),
         };
         let knn = matches!(selection, Selection::Nearest(_));
+        // Everything this chunk needs at least; over the budget, the caller halves the chunk.
+        let entries = (e1 - e0) as u64;
+        let ncols_dense = self.columns.len().max(1) as u64;
+        let needed = nwork as u64 * 4
+            + (off.len() as u64 + 2 * entries) * 4
+            + if knn {
+                nwork as u64 * (k as u64 * 8 + 4)
+            } else {
+                64 * 16 + 8
+            }
+            + if is_cheb(&self.metric) {
+                entries * 8 + (nwork as u64 + 1) * 4 + ncols_dense * 4
+            } else {
+                0
+            };
+        if held + needed > self.budget && r1 - r0 > 1 {
+            return Ok(None);
+        }
+        let d_work = upload(device, &work, stats)?;
+        bytes += nwork as u64 * 4;
         let mut out_rows = zeros::<u32>(device, if knn { nwork * k } else { 1 })?;
         let mut out_keys = zeros::<f32>(device, if knn { nwork * k } else { 1 })?;
         let mut out_count = zeros::<i32>(device, if knn { nwork } else { 1 })?;
@@ -560,10 +586,8 @@ impl GpuIndex {
             1
         } else {
             // Room for 64 pairs per left row, within what the budget leaves (16 bytes a pair).
-            let room = self.budget.saturating_sub(held + bytes + 4096) / 16 / 2;
-            ((nwork as u64) * 64)
-                .clamp(1 << 10, 1 << 24)
-                .min(room.max(1 << 10))
+            let room = self.budget.saturating_sub(held + needed) / 16 / 2;
+            ((nwork as u64) * 64).clamp(64, 1 << 24).min(room.max(64))
         };
 
         // Inputs particular to the kernel family.
@@ -580,10 +604,8 @@ impl GpuIndex {
         let mut cheb_bufs = None;
         if let Some((ch_off, ch_col, ch_val)) = &cheb_inputs {
             let ncols = self.columns.len().max(1);
-            let room = self
-                .budget
-                .saturating_sub(held + bytes + (ch_col.len() * 8) as u64)
-                / 2;
+            let radius_bytes = if knn { 0 } else { r_cap * 16 + 8 };
+            let room = self.budget.saturating_sub(held + needed + radius_bytes) + ncols as u64 * 4;
             dense_slots = ((room / (ncols as u64 * 4)) as usize)
                 .clamp(1, (device.sm_count * 8) as usize)
                 .min(nwork);
@@ -890,6 +912,7 @@ fn prepare_part(
     // Totals in the kernel's accumulator type.
     let f64_acc = kernels::accumulates_in_f64(metric.kind);
     let totals: Vec<RowTotals> = with_semiring!(metric, s => (start..end)
+        .into_par_iter()
         .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
         .collect());
     for t in &totals {
@@ -901,35 +924,69 @@ fn prepare_part(
             part.rt1.extend_from_slice(&(t.t1 as f32).to_ne_bytes());
         }
     }
-    // CSC over the part's rows, row-sorted within each column (filled in row order).
+    // CSC over the part's rows, row-sorted within each column, built in parallel: each chunk of
+    // rows counts its entries per column, the counts give every (column, chunk) its own output
+    // range in row order, and the chunks fill their ranges at once.
     let ncols = columns.len();
-    let mut counts = vec![0u32; ncols + 1];
-    for r in start..end {
-        let (idx, val) = right.row(r);
-        for (&c, &v) in idx.iter().zip(val) {
-            if v != 0.0 {
-                counts[columns.get(c).expect("a column of the right side") as usize + 1] += 1;
+    let nchunks = (rayon::current_num_threads() * 2)
+        .min((256 << 20) / (ncols.max(1) * 4))
+        .clamp(1, rows.max(1));
+    let bounds: Vec<usize> = (0..=nchunks).map(|i| start + rows * i / nchunks).collect();
+    let chunk_counts: Vec<Vec<u32>> = (0..nchunks)
+        .into_par_iter()
+        .map(|ch| {
+            let mut counts = vec![0u32; ncols];
+            for r in bounds[ch]..bounds[ch + 1] {
+                let (idx, val) = right.row(r);
+                for (&c, &v) in idx.iter().zip(val) {
+                    if v != 0.0 {
+                        counts[columns.get(c).expect("a column of the right side") as usize] += 1;
+                    }
+                }
             }
+            counts
+        })
+        .collect();
+    let mut col_start = vec![0u32; ncols + 1];
+    let mut chunk_offsets = vec![vec![0u32; ncols]; nchunks];
+    let mut running = 0u32;
+    for c in 0..ncols {
+        col_start[c] = running;
+        for ch in 0..nchunks {
+            chunk_offsets[ch][c] = running;
+            running += chunk_counts[ch][c];
         }
     }
-    for c in 0..ncols {
-        counts[c + 1] += counts[c];
-    }
-    let nnz = counts[ncols] as usize;
-    let mut fill = counts.clone();
+    col_start[ncols] = running;
+    let nnz = running as usize;
     part.col_rows = vec![0; nnz];
     part.col_vals = vec![0.0; nnz];
-    for r in start..end {
-        let (idx, val) = right.row(r);
-        for (&c, &v) in idx.iter().zip(val) {
-            if v != 0.0 {
-                let slot = &mut fill[columns.get(c).unwrap() as usize];
-                part.col_rows[*slot as usize] = (r - start) as u32;
-                part.col_vals[*slot as usize] = v;
-                *slot += 1;
-            }
-        }
+    {
+        let rows_out = SharedOut(part.col_rows.as_mut_ptr());
+        let vals_out = SharedOut(part.col_vals.as_mut_ptr());
+        chunk_offsets
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(ch, mut fill)| {
+                let (rows_out, vals_out) = (&rows_out, &vals_out);
+                for r in bounds[ch]..bounds[ch + 1] {
+                    let (idx, val) = right.row(r);
+                    for (&c, &v) in idx.iter().zip(val) {
+                        if v != 0.0 {
+                            let slot = &mut fill[columns.get(c).unwrap() as usize];
+                            // SAFETY: (column, chunk) ranges are disjoint and inside the buffers
+                            // (their lengths are the counts of this very pass).
+                            unsafe {
+                                *rows_out.0.add(*slot as usize) = (r - start) as u32;
+                                *vals_out.0.add(*slot as usize) = v;
+                            }
+                            *slot += 1;
+                        }
+                    }
+                }
+            });
     }
+    let counts = col_start;
     // Where each column crosses each tile boundary.
     let ntiles = rows.div_ceil(tile_rows).max(1);
     part.ntiles = ntiles;
@@ -948,6 +1005,11 @@ fn prepare_part(
         });
     part
 }
+
+/// A buffer that parallel tasks write at disjoint positions.
+struct SharedOut<T>(*mut T);
+// SAFETY: only used for writes to disjoint positions (see prepare_part).
+unsafe impl<T> Sync for SharedOut<T> {}
 
 fn upload_part(device: &Device, host: &HostPart, stats: &mut GpuStats) -> Result<DevPart> {
     Ok(DevPart {

@@ -325,6 +325,7 @@ impl ExecutionPlan for SparseJoinExec {
                 .counter("bytes_to_device", partition),
         };
         let mut next_row: u64 = 0;
+        let batch_size = context.session_config().batch_size().max(1);
         let stream = futures::stream::once(async move {
             let build = build.await.map_err(DataFusionError::Shared)?;
             let batches = left_stream
@@ -338,7 +339,18 @@ impl ExecutionPlan for SparseJoinExec {
                     let build = Arc::clone(&build);
                     async move { probe.run(build, batch, first_row, exclude_self).await }
                 })
-                .try_filter(|batch| futures::future::ready(batch.num_rows() > 0));
+                // A left batch of n rows makes up to n * k pairs: hand them on in slices of the
+                // session's batch size (slicing copies nothing).
+                .map_ok(move |batch| {
+                    let slices = (0..batch.num_rows())
+                        .step_by(batch_size)
+                        .map(|start| {
+                            Ok(batch.slice(start, batch_size.min(batch.num_rows() - start)))
+                        })
+                        .collect::<Vec<_>>();
+                    futures::stream::iter(slices)
+                })
+                .try_flatten();
             Ok::<_, DataFusionError>(batches)
         })
         .try_flatten();

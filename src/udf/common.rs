@@ -348,6 +348,7 @@ impl NormArg {
         Ok(NormArg::PerRow(parsed))
     }
 
+    /// The norm of output row `row` (`None` for a NULL norm argument).
     pub fn get(&self, row: usize) -> Option<NormKind> {
         match self {
             NormArg::Fixed(k) => *k,

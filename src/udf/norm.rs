@@ -62,7 +62,7 @@ impl ScalarUDFImpl for SparseNormFunc {
         let out: Float64Array = (0..a.rows())
             .map(|row| {
                 let vr = a.at(0, row);
-                let kind = norm.get(a.at(1.min(n_args - 1), row))?;
+                let kind = norm.get(row)?;
                 (!batch.is_null(vr)).then(|| kind.of(batch.row(vr).1))
             })
             .collect();

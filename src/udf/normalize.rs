@@ -63,7 +63,7 @@ impl ScalarUDFImpl for SparseNormalizeFunc {
         let mut rows: Vec<Option<Vec<(i32, f32)>>> = Vec::with_capacity(a.rows());
         for row in 0..a.rows() {
             let vr = a.at(0, row);
-            let kind = norm.get(a.at(1.min(n_args - 1), row));
+            let kind = norm.get(row);
             rows.push(match kind {
                 Some(kind) if !batch.is_null(vr) => {
                     let (idx, val) = batch.row(vr);

@@ -138,3 +138,36 @@ pub fn parse_sparsevec(text: &str) -> std::result::Result<Vec<(i32, f32)>, Strin
     pairs.retain(|p| p.1 != 0.0);
     Ok(pairs)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_sparsevec;
+
+    #[test]
+    fn parses_pgvector_text_to_zero_based_sorted_pairs() {
+        assert_eq!(
+            parse_sparsevec("{1:0.5,3:2}/5").unwrap(),
+            vec![(0, 0.5), (2, 2.0)]
+        );
+        assert_eq!(
+            parse_sparsevec(" {3: 1 , 1:-2.5e1}/3 ").unwrap(),
+            vec![(0, -25.0), (2, 1.0)]
+        );
+        assert_eq!(parse_sparsevec("{2:0}/2").unwrap(), vec![]);
+        assert_eq!(parse_sparsevec("{}/1").unwrap(), vec![]);
+    }
+
+    #[test]
+    fn bad_text_says_what_is_wrong() {
+        let err = |t: &str| parse_sparsevec(t).unwrap_err();
+        assert!(err("[1,2]").contains("must start with '{'"));
+        assert!(err("{1:1/2").contains("missing '}'"));
+        assert!(err("{1:1}").contains("missing '/dimension'"));
+        assert!(err("{1:1}/0").contains("at least 1"));
+        assert!(err("{3:1}/2").contains("index 3 is out of range 1..=2"));
+        assert!(err("{1:1,,2:1}/2").contains("element 2"));
+        assert!(err("{2:1,2:3}/2").contains("index 2 appears twice"));
+        assert!(err("{1:inf}/2").contains("not finite"));
+        assert!(err("{1:1}/9999999999").contains("larger than the largest supported"));
+    }
+}
