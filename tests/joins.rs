@@ -587,3 +587,25 @@ async fn projection_reaches_the_inputs_and_subqueries_work() {
     let non_null = non_null[0].column(0).as_primitive::<Int64Type>().value(0);
     assert_eq!(n, 2 * non_null);
 }
+
+#[tokio::test]
+async fn output_comes_in_batches_of_the_session_batch_size() {
+    let config = SessionConfig::new()
+        .with_option_extension(SparseKnnConfig::default())
+        .with_batch_size(7);
+    let ctx = SessionContext::new_with_config(config);
+    datafusion_sparse_knn::register_all(&ctx).unwrap();
+    let mut rng = StdRng::seed_from_u64(7);
+    let left = random_rows(&mut rng, 60, false);
+    let right = random_rows(&mut rng, 90, false);
+    ctx.register_table("l", table(&left, 0, 3)).unwrap();
+    ctx.register_table("r", table(&right, 1000, 2)).unwrap();
+    let batches = query(&ctx, "SELECT * FROM knn_join(l, r, 'canberra', 5)").await;
+    assert!(
+        batches.iter().all(|b| b.num_rows() <= 7),
+        "{:?}",
+        batches.iter().map(|b| b.num_rows()).collect::<Vec<_>>()
+    );
+    let want = reference(&ctx, "l", "r", "canberra", "").await;
+    check_knn("canberra", 5, &pairs(&batches), &want, false);
+}

@@ -134,6 +134,8 @@ pub fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `sparse-knn sql ... | head` closes stdout early; like other Unix tools, stop quietly.
+        Err(e) if e.0.contains("Broken pipe") => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sparse-knn: {e}");
             ExitCode::FAILURE

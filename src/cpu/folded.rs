@@ -14,7 +14,7 @@
 use super::index::{shift_scale, CpuIndex, KeyForm, SPARSE};
 use super::probe::{PairList, Selection};
 use super::topk::TopK;
-use crate::metric::{RowTotals, Semiring};
+use crate::metric::{MetricKind, RowTotals, Semiring};
 
 /// Scratch of one thread, reused across left rows.
 #[derive(Debug, Default)]
@@ -214,6 +214,39 @@ fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
     }
 }
 
+/// What the filter needs of the left row.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FilterLeft {
+    total: f64,
+    norm: f64,
+    scale: f64,
+}
+
+impl FilterLeft {
+    pub(crate) fn new(kind: MetricKind, totals: &RowTotals) -> Self {
+        Self {
+            total: totals.t0,
+            norm: totals.t0.sqrt(),
+            scale: shift_scale(kind),
+        }
+    }
+}
+
+/// A right row's filter value (see [`KeyForm`]) from its accumulated sum and `key_base`: exactly
+/// the double that the metric's `finish` computes before its non-decreasing tail, so rows never
+/// order differently by filter than by distance (up to ties, which the distance then breaks).
+#[inline(always)]
+pub(crate) fn filter_value(form: KeyForm, acc: f64, base: f64, left: FilterLeft) -> f64 {
+    match form {
+        KeyForm::Negated => -acc,
+        // finish: 1 for a zero row on either side, as for acc = 0.
+        KeyForm::Quotient if base == 0.0 || left.norm == 0.0 => 0.0,
+        KeyForm::Quotient => -(acc / (left.norm * base)),
+        KeyForm::Shifted => (left.total + base) * left.scale + acc,
+        KeyForm::Exact => unreachable!("the exact form filters by the distance"),
+    }
+}
+
 /// Right rows per admission test: a block's filter values are computed with vector instructions,
 /// and a block where none beats the k-th row so far costs one comparison per row.
 const BLOCK: usize = 64;
@@ -234,8 +267,7 @@ fn select_nearest<S: Semiring>(
     let base = &index.key_base[..];
     let totals = &index.totals[..n];
     let negate = index.metric.kind.is_similarity();
-    let left_norm = left_totals.t0.sqrt();
-    let (left_total, scale) = (left_totals.t0, shift_scale(index.metric.kind));
+    let left = FilterLeft::new(index.metric.kind, left_totals);
     let finish = |j: usize| {
         let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
         let d = s.finish(acc0[j], a1, left_totals, &totals[j]);
@@ -251,29 +283,23 @@ fn select_nearest<S: Semiring>(
         let len = BLOCK.min(n - start);
         let filter = &mut filter[..len];
         let a0 = &acc0[start..start + len];
-        // Each form computes exactly the double that `finish` computes before its monotone tail.
+        let b = &base[start..start + len];
+        macro_rules! fill {
+            ($form:expr) => {
+                for i in 0..len {
+                    filter[i] = filter_value($form, a0[i], b[i], left);
+                }
+            };
+        }
         match index.key_form {
             KeyForm::Negated => {
-                for i in 0..len {
-                    filter[i] = -a0[i];
-                }
+                fill!(KeyForm::Negated);
             }
             KeyForm::Quotient => {
-                let b = &base[start..start + len];
-                for i in 0..len {
-                    let q = a0[i] / (left_norm * b[i]);
-                    filter[i] = if b[i] == 0.0 || left_norm == 0.0 {
-                        0.0
-                    } else {
-                        -q
-                    };
-                }
+                fill!(KeyForm::Quotient);
             }
             KeyForm::Shifted => {
-                let b = &base[start..start + len];
-                for i in 0..len {
-                    filter[i] = (left_total + b[i]) * scale + a0[i];
-                }
+                fill!(KeyForm::Shifted);
             }
             KeyForm::Exact => {
                 for (i, f) in filter.iter_mut().enumerate() {

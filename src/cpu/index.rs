@@ -101,7 +101,7 @@ pub struct CpuIndex {
     pub(crate) valid: Vec<bool>,
     pub(crate) totals: Vec<RowTotals>,
     pub(crate) key_form: KeyForm,
-    /// Per right row, the constant of its selection key (empty unless the form uses one).
+    /// Per right row, the constant of its filter value (0 where the form uses none).
     pub(crate) key_base: Vec<f64>,
     pub(crate) columns: ColumnMap,
     pub(crate) column_count: usize,
@@ -155,12 +155,7 @@ impl CpuIndex {
         };
 
         let key_form = KeyForm::of(metric.kind);
-        let key_base = match key_form {
-            KeyForm::Quotient | KeyForm::Shifted => {
-                totals.iter().map(|t| key_form.base(t)).collect()
-            }
-            KeyForm::Negated | KeyForm::Exact => Vec::new(),
-        };
+        let key_base = totals.iter().map(|t| key_form.base(t)).collect();
 
         let mut index = CpuIndex {
             metric: *metric,

@@ -253,3 +253,50 @@ fn radius_matches_brute_force_for_every_metric() {
         check_radius(&metric, &left, &right);
     }
 }
+
+/// The selection filter relies on each metric's `finish` being a non-decreasing function of the
+/// filter value: checked on every pair of real rows, so a change of a `finish` that breaks the
+/// filter's assumption fails here and not only, rarely, as a wrong neighbour.
+#[test]
+fn distance_never_decreases_with_the_filter_value() {
+    use super::folded::{filter_value, FilterLeft};
+    use super::index::KeyForm;
+    use crate::metric::{with_semiring, Semiring};
+
+    for metric in metrics() {
+        let index_form = CpuIndex::build(&batch(&[Some(vec![(0, 1.0)])]), &metric).key_form;
+        if index_form == KeyForm::Exact {
+            continue;
+        }
+        let mut rng = StdRng::seed_from_u64(13);
+        let data = rows(&mut rng, 300, metric.kind.needs_nonnegative());
+        with_semiring!(metric, s => {
+            for x in data.iter().take(20).flatten() {
+                let tx = s.totals(x.iter().map(|e| e.1));
+                let left = FilterLeft::new(metric.kind, &tx);
+                let mut pairs: Vec<(f64, f64)> = data
+                    .iter()
+                    .flatten()
+                    .map(|y| {
+                        let ty = s.totals(y.iter().map(|e| e.1));
+                        let (mut a0, mut a1) = (0.0, 0.0);
+                        for &(c, v) in x {
+                            if let Some(&(_, w)) = y.iter().find(|e| e.0 == c) {
+                                let (p, q) = s.pair(v, w);
+                                a0 += p;
+                                a1 += q;
+                            }
+                        }
+                        let d = s.finish(a0, a1, &tx, &ty);
+                        let d = if metric.kind.is_similarity() { -d } else { d };
+                        (filter_value(index_form, a0, index_form.base(&ty), left), d)
+                    })
+                    .collect();
+                pairs.sort_by(|a, b| a.0.total_cmp(&b.0));
+                for w in pairs.windows(2) {
+                    assert!(w[0].1 <= w[1].1, "{metric}: filter {:?} but distance {:?}", (w[0].0, w[1].0), (w[0].1, w[1].1));
+                }
+            }
+        });
+    }
+}

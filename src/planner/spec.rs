@@ -368,8 +368,9 @@ pub fn resolve_device(function: &str, choice: DeviceChoice) -> Result<Device> {
         DeviceChoice::Cpu => Ok(Device::Cpu),
         DeviceChoice::Gpu if crate::gpu::is_available() => Ok(Device::Gpu),
         DeviceChoice::Gpu => plan_err!(
-            "{function}: device=gpu but no CUDA GPU was found: no CUDA driver with a usable device \
-             is visible to this process; use device=cpu, or device=auto to fall back to the CPU"
+            "{function}: device=gpu but no CUDA GPU was found: {}; use device=cpu, or device=auto \
+             to fall back to the CPU",
+            crate::gpu::describe()
         ),
         DeviceChoice::Auto => {
             let device = if crate::gpu::is_available() {

@@ -68,3 +68,44 @@ pub fn register(ctx: &SessionContext) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow::array::{AsArray, Float64Array};
+    use arrow::datatypes::Float64Type;
+    use datafusion::prelude::SessionContext;
+
+    /// `register_all` on a session made elsewhere adds the settings too, so SET reaches
+    /// sparse_distance's defaults.
+    #[tokio::test]
+    async fn register_all_on_a_plain_session_enables_the_settings() {
+        let ctx = SessionContext::new();
+        crate::register_all(&ctx).unwrap();
+        ctx.sql("SET sparse_knn.p = 3")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let batches = ctx
+            .sql("SELECT sparse_distance([1.0, 0, 0], [0.0, 1.0, 1.0], 'minkowski')")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let got = batches[0].column(0).as_primitive::<Float64Type>().value(0);
+        assert!((got - 3f64.powf(1.0 / 3.0)).abs() < 1e-12, "{got}");
+        // Registering twice keeps the settings already made.
+        crate::register_all(&ctx).unwrap();
+        let batches = ctx
+            .sql("SELECT sparse_distance([1.0, 0, 0], [0.0, 1.0, 1.0], 'minkowski')")
+            .await
+            .unwrap()
+            .collect()
+            .await
+            .unwrap();
+        let again: &Float64Array = batches[0].column(0).as_primitive();
+        assert_eq!(again.value(0), got);
+    }
+}
