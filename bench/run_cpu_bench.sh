@@ -20,7 +20,9 @@ for deg in 40 60; do
         python3 bench/cpu_anchors.py --synthetic "$OUT/powerlaw_deg$deg.parquet" --mean-deg $deg --metrics "" --skip-topn
 done
 
-cargo bench --bench cpu_knn --no-run
+# Built once and copied, so that edits to the tree during the run change nothing.
+exe=$(cargo bench --bench cpu_knn --no-run 2>&1 | tee /dev/stderr | sed -n 's/.*Executable .*(\(.*\))$/\1/p')
+cp "$exe" "$OUT/cpu_knn"
 {
     echo "date: $(date -u +%FT%TZ)"
     echo "nproc: $(nproc); cpu: $(lscpu | sed -n 's/^Model name: *//p'); $(lscpu | grep -E '^L[23] cache' | tr -s ' ' | paste -sd ';')"
@@ -35,7 +37,7 @@ for name in powerlaw_deg40 powerlaw_deg60 news20; do
         *) path=$OUT/$name.parquet ;;
     esac
     python3 bench/cpu_anchors.py --parquet "$path" -q "$Q" --repeat "$REPEAT" --json "$OUT/anchors_$name.json"
-    cargo bench --bench cpu_knn -- --parquet "$path" -q "$Q" --repeat "$REPEAT" --json "$OUT/ours_$name.json"
+    "$OUT/cpu_knn" --parquet "$path" -q "$Q" --repeat "$REPEAT" --json "$OUT/ours_$name.json"
     pairs+=("$OUT/ours_$name.json" "$OUT/anchors_$name.json")
 done
 python3 bench/cpu_report.py "${pairs[@]}" | tee "$OUT/report.md"

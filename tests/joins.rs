@@ -480,7 +480,22 @@ async fn explain_names_the_operator_and_analyze_shows_its_metrics() {
         text.contains("RadiusJoinExec: metric=euclidean, radius=1.5, device=cpu"),
         "{text}"
     );
-    for metric in ["build_rows=90", "pairs=", "kernel_time=", "output_rows="] {
+    let pairs_in_output = pairs(
+        &query(
+            &ctx,
+            "SELECT * FROM radius_join(l, r, 'l2', 1.5, 'device=cpu')",
+        )
+        .await,
+    )
+    .len();
+    let rows = format!("output_rows={pairs_in_output},");
+    for metric in [
+        "build_rows=90",
+        "pairs=",
+        "kernel_time=",
+        "build_time=",
+        rows.as_str(),
+    ] {
         assert!(text.contains(metric), "{metric} missing: {text}");
     }
 }
@@ -608,4 +623,76 @@ async fn output_comes_in_batches_of_the_session_batch_size() {
     );
     let want = reference(&ctx, "l", "r", "canberra", "").await;
     check_knn("canberra", 5, &pairs(&batches), &want, false);
+}
+
+/// On a machine with a CUDA GPU (the device runs), the GPU operator against the same brute force;
+/// elsewhere this checks that `device=auto` fell back to the CPU and says so in EXPLAIN.
+#[tokio::test]
+async fn gpu_joins_equal_brute_force_when_a_gpu_is_present() {
+    let ctx = context();
+    let plan = query(
+        &ctx,
+        "EXPLAIN SELECT * FROM knn_join(l, r, 'cosine', 3, 'device=auto')",
+    )
+    .await;
+    let text = arrow::util::pretty::pretty_format_batches(&plan)
+        .unwrap()
+        .to_string();
+    if !datafusion_sparse_knn::gpu::is_available() {
+        assert!(
+            text.contains("KnnJoinExec: metric=cosine, k=3, device=cpu"),
+            "{text}"
+        );
+        eprintln!("no CUDA GPU: checked the CPU fallback only");
+        return;
+    }
+    assert!(
+        text.contains("KnnJoinExec: metric=cosine, k=3, device=gpu"),
+        "{text}"
+    );
+    for kind in MetricKind::all() {
+        let metric = kind.name();
+        let options = options_for(kind);
+        let (left, right) = tables_for(kind);
+        let want = reference(&ctx, left, right, metric, options).await;
+        let sql = format!(
+            "SELECT * FROM knn_join({left}, {right}, '{metric}', 5, '{options}, device=gpu')"
+        );
+        check_knn(metric, 5, &pairs(&query(&ctx, &sql).await), &want, false);
+        let sql = format!("SELECT * FROM knn_join({left}, {left}, '{metric}', 3, '{options}, device=gpu, exclude_self=true')");
+        let want_self = reference(&ctx, left, left, metric, options).await;
+        check_knn(
+            metric,
+            3,
+            &pairs(&query(&ctx, &sql).await),
+            &want_self,
+            true,
+        );
+    }
+    // radius on the GPU: same pairs as on the CPU.
+    for metric in ["euclidean", "dot", "jaccard"] {
+        let count = |device: &str| {
+            format!("SELECT count(*) FROM radius_join(l, r, '{metric}', 1.5, 'device={device}')")
+        };
+        let gpu = query(&ctx, &count("gpu")).await;
+        let cpu = query(&ctx, &count("cpu")).await;
+        assert_eq!(
+            gpu[0].column(0).as_primitive::<Int64Type>().value(0),
+            cpu[0].column(0).as_primitive::<Int64Type>().value(0),
+            "{metric}"
+        );
+    }
+    let analyzed = query(
+        &ctx,
+        "EXPLAIN ANALYZE SELECT * FROM knn_join(l, r, 'cosine', 3, 'device=gpu')",
+    )
+    .await;
+    let text = arrow::util::pretty::pretty_format_batches(&analyzed)
+        .unwrap()
+        .to_string();
+    assert!(
+        text.contains("build_bytes_to_device=") && !text.contains("build_bytes_to_device=0,"),
+        "{text}"
+    );
+    eprintln!("GPU joins checked on the device: {text}");
 }

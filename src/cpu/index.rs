@@ -197,12 +197,7 @@ impl CpuIndex {
             }
         }
         let dense_from = if allow_dense && self.rows >= DENSE_MIN_ROWS {
-            self.rows.div_ceil(
-                std::env::var("TMP_DENSE_RATIO")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(DENSE_RATIO),
-            )
+            self.rows.div_ceil(DENSE_RATIO)
         } else {
             usize::MAX
         };

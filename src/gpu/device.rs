@@ -77,10 +77,12 @@ pub(crate) fn device_count() -> Result<usize> {
         .map_err(|e| exec_datafusion_err!("GPU: {e}"))
 }
 
+/// A device opened on first use, or why it could not be.
+type DeviceSlot = OnceLock<std::result::Result<Arc<Device>, String>>;
+
 /// The device with this ordinal, its context created on first use.
 pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
-    static DEVICES: OnceLock<Vec<OnceLock<std::result::Result<Arc<Device>, String>>>> =
-        OnceLock::new();
+    static DEVICES: OnceLock<Vec<DeviceSlot>> = OnceLock::new();
     let count = device_count()?;
     if ordinal >= count {
         return Err(exec_datafusion_err!(

@@ -20,7 +20,8 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::metrics::{
-    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet, Time,
+    BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
+    RecordOutput, Time,
 };
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
@@ -324,6 +325,7 @@ impl ExecutionPlan for SparseJoinExec {
             bytes_to_device: MetricBuilder::new(&self.metrics)
                 .counter("bytes_to_device", partition),
         };
+        let baseline = probe.baseline.clone();
         let mut next_row: u64 = 0;
         let batch_size = context.session_config().batch_size().max(1);
         let stream = futures::stream::once(async move {
@@ -345,7 +347,9 @@ impl ExecutionPlan for SparseJoinExec {
                     let slices = (0..batch.num_rows())
                         .step_by(batch_size)
                         .map(|start| {
-                            Ok(batch.slice(start, batch_size.min(batch.num_rows() - start)))
+                            let slice =
+                                batch.slice(start, batch_size.min(batch.num_rows() - start));
+                            Ok(slice.record_output(&baseline))
                         })
                         .collect::<Vec<_>>();
                     futures::stream::iter(slices)
@@ -370,10 +374,10 @@ struct BuildSide {
 }
 
 enum BuildIndex {
-    Cpu(CpuIndex),
+    Cpu(Box<CpuIndex>),
     // Probes of one device run one at a time; the mutex also spares the GPU backend from
     // having to be Sync.
-    Gpu(Mutex<GpuIndex>),
+    Gpu(Box<Mutex<GpuIndex>>),
 }
 
 /// Counters of the build, shown once per operator.
@@ -447,7 +451,7 @@ impl BuildJob {
         let right_schema = right.schema();
         let vector_name = right_schema.field(layout.right_vector).name().clone();
         let built = SpawnedTask::spawn_blocking(
-            move || -> Result<(BuildIndex, RecordBatch, usize, u64)> {
+            move || -> Result<(BuildIndex, RecordBatch, usize, u64, usize)> {
                 let check = spec.vector_check(&vector_name);
                 let mut vectors = Vec::with_capacity(batches.len());
                 let mut row = 0u64;
@@ -472,7 +476,7 @@ impl BuildJob {
                         let index = CpuIndex::build(&vectors, &spec.metric);
                         let size = index.memory_size()
                             + index.workspace_size() * rayon::current_num_threads();
-                        (BuildIndex::Cpu(index), size, 0)
+                        (BuildIndex::Cpu(Box::new(index)), size, 0)
                     }
                     Device::Gpu => {
                         let options = GpuOptions {
@@ -481,33 +485,36 @@ impl BuildJob {
                         let index = GpuIndex::build(&vectors, &spec.metric, &options)?;
                         let bytes = index.stats().bytes_to_device;
                         (
-                            BuildIndex::Gpu(Mutex::new(index)),
+                            BuildIndex::Gpu(Box::new(Mutex::new(index))),
                             vectors.memory_size(),
                             bytes,
                         )
                     }
                 };
-                Ok((index, others, size, bytes))
+                Ok((index, others, size, bytes, vectors.len()))
             },
         )
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
-        let (index, others, index_size, bytes) = built;
+        let (index, others, index_size, bytes, rows) = built;
         // The raw batches are gone; what stays is the index and the other right columns.
         let retained = index_size + others.get_array_memory_size();
         reservation.try_resize(retained).map_err(|e| {
+            let reason = match e {
+                DataFusionError::ResourcesExhausted(m) => m,
+                e => e.to_string(),
+            };
             DataFusionError::ResourcesExhausted(format!(
-                "{name}: the right side's index needs {retained} bytes of session memory: {e}; \
-                 raise the memory limit or join a smaller right side"
+                "{name}: the right side's index needs {retained} bytes of session memory: \
+                 {reason}; raise the memory limit or join a smaller right side"
             ))
         })?;
-        metrics.rows.add(others.num_rows());
+        metrics.rows.add(rows);
         metrics.time.add_duration(started.elapsed());
         metrics.memory.set(retained);
         metrics.bytes_to_device.add(bytes as usize);
         log::debug!(
-            "{name}: built the right side ({} rows) on the {device} in {:?}",
-            others.num_rows(),
+            "{name}: built the right side ({rows} rows) on the {device} in {:?}",
             started.elapsed()
         );
         Ok(BuildSide {
@@ -593,7 +600,6 @@ impl ProbeJob {
         let _timer = self.baseline.elapsed_compute().timer();
         let out = self.assemble(&build, &batch, pairs)?;
         self.pairs.add(out.num_rows());
-        self.baseline.record_output(out.num_rows());
         Ok(out)
     }
 

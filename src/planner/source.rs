@@ -33,13 +33,12 @@ fn first_parquet_file(path: &Path) -> Option<PathBuf> {
     entries.sort();
     entries
         .iter()
-        .filter(|p| {
+        .find(|p| {
             p.is_file()
                 && p.extension()
                     .is_some_and(|e| e.eq_ignore_ascii_case("parquet"))
         })
         .cloned()
-        .next()
         .or_else(|| {
             entries
                 .iter()

@@ -50,7 +50,7 @@ impl JoinKind {
     /// Checks `k` / `radius` for `metric`; errors say what is valid.
     pub fn check(&self, metric: &Metric) -> Result<()> {
         match *self {
-            JoinKind::Knn { k } if k == 0 => {
+            JoinKind::Knn { k: 0 } => {
                 plan_err!("knn_join: k must be a whole number >= 1, got 0")
             }
             JoinKind::Radius { radius } if !radius.is_finite() => {

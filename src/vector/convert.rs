@@ -254,7 +254,7 @@ fn build(
                 let v = read(vs + k);
                 if v.is_finite() && !(v as f32).is_finite() {
                     return exec_err!(
-                        "{}: value {v} at index {i} does not fit in float32",
+                        "{}: value {v:e} at index {i} does not fit in float32",
                         check.row_label(row)
                     );
                 }
