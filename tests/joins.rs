@@ -696,3 +696,79 @@ async fn gpu_joins_equal_brute_force_when_a_gpu_is_present() {
     );
     eprintln!("GPU joins checked on the device: {text}");
 }
+
+#[tokio::test]
+async fn one_output_partition_per_left_partition_unless_exclude_self() {
+    use datafusion::physical_plan::ExecutionPlanProperties;
+    let ctx = context();
+    let find = |plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>| {
+        let mut stack = vec![Arc::clone(plan)];
+        while let Some(p) = stack.pop() {
+            if p.name() == "KnnJoinExec" {
+                return p.output_partitioning().partition_count();
+            }
+            stack.extend(p.children().into_iter().cloned());
+        }
+        panic!("no KnnJoinExec in the plan")
+    };
+    let df = ctx
+        .sql("SELECT * FROM knn_join(l, r, 'cosine', 2)")
+        .await
+        .unwrap();
+    assert_eq!(find(&df.create_physical_plan().await.unwrap()), 3);
+    let df = ctx
+        .sql("SELECT * FROM knn_join(l, l, 'cosine', 2, 'exclude_self=true')")
+        .await
+        .unwrap();
+    assert_eq!(find(&df.create_physical_plan().await.unwrap()), 1);
+    // The partitions together hold every left row's neighbours exactly once.
+    let df = ctx
+        .sql("SELECT * FROM knn_join(l, r, 'cosine', 2)")
+        .await
+        .unwrap();
+    let parts = df.collect_partitioned().await.unwrap();
+    let rows: usize = parts.iter().flatten().map(|b| b.num_rows()).sum();
+    let non_null = query(&ctx, "SELECT count(v) FROM l").await;
+    let non_null = non_null[0].column(0).as_primitive::<Int64Type>().value(0) as usize;
+    assert_eq!(rows, 2 * non_null);
+}
+
+#[tokio::test]
+async fn parquet_file_and_folder_paths_are_inputs() {
+    let ctx = context();
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("left");
+    ctx.table("l")
+        .await
+        .unwrap()
+        .write_parquet(folder.to_str().unwrap(), Default::default(), None)
+        .await
+        .unwrap();
+    let files = std::fs::read_dir(&folder).unwrap().count();
+    assert!(files >= 1, "{files}");
+    let sorted = |mut v: Vec<(i64, i64, f64, i32)>| {
+        v.sort_by(|a, b| (a.0, a.3).cmp(&(b.0, b.3)));
+        v
+    };
+    let from_table = sorted(pairs(
+        &query(&ctx, "SELECT * FROM knn_join(l, r, 'cosine', 3)").await,
+    ));
+    let sql = format!(
+        "SELECT * FROM knn_join('{}', r, 'cosine', 3)",
+        folder.display()
+    );
+    let from_folder = sorted(pairs(&query(&ctx, &sql).await));
+    assert_eq!(from_table, from_folder);
+    let file = std::fs::read_dir(&folder)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let sql = format!(
+        "SELECT count(*) FROM knn_join(r, '{}', 'cosine', 1)",
+        file.display()
+    );
+    let n = query(&ctx, &sql).await;
+    assert!(n[0].column(0).as_primitive::<Int64Type>().value(0) > 0);
+}

@@ -158,7 +158,7 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
                 out.distance.push(if negate { -d } else { d });
             }
         }
-        Selection::Within(radius) => {
+        Selection::Within(radius) if index.key_form == KeyForm::Exact => {
             for j in 0..n {
                 let d = finish(j, acc0, acc1);
                 if index.metric.within(d, radius) && keep(j) {
@@ -166,6 +166,44 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
                     out.right.push(j as u32);
                     out.distance.push(d);
                 }
+            }
+        }
+        Selection::Within(radius) => {
+            // Being within the radius is closed downwards in filter order (the distance, negated
+            // for a similarity, never decreases with the filter), so once a row at filter f is
+            // outside, no row at f or above needs finishing.
+            let left = FilterLeft::new(index.metric.kind, &left_totals);
+            let mut outside_from = f64::INFINITY;
+            let mut filter = [0.0f64; BLOCK];
+            let mut start = 0;
+            while start < n {
+                let len = BLOCK.min(n - start);
+                let filter = &mut filter[..len];
+                let base = &index.key_base[start..start + len];
+                fill_filters(
+                    index.key_form,
+                    &acc0[start..start + len],
+                    base,
+                    left,
+                    filter,
+                );
+                for (i, &f) in filter.iter().enumerate() {
+                    let j = start + i;
+                    if f >= outside_from || f.is_nan() {
+                        continue;
+                    }
+                    let d = finish(j, acc0, acc1);
+                    if index.metric.within(d, radius) {
+                        if keep(j) {
+                            out.left.push(left_row);
+                            out.right.push(j as u32);
+                            out.distance.push(d);
+                        }
+                    } else if !d.is_nan() {
+                        outside_from = f;
+                    }
+                }
+                start += len;
             }
         }
     }
@@ -247,6 +285,26 @@ pub(crate) fn filter_value(form: KeyForm, acc: f64, base: f64, left: FilterLeft)
     }
 }
 
+/// The filter values of a block of right rows (any form but [`KeyForm::Exact`]), one vectorised
+/// loop per form.
+#[inline(always)]
+fn fill_filters(form: KeyForm, acc: &[f64], base: &[f64], left: FilterLeft, out: &mut [f64]) {
+    let (acc, base) = (&acc[..out.len()], &base[..out.len()]);
+    macro_rules! fill {
+        ($form:expr) => {
+            for i in 0..out.len() {
+                out[i] = filter_value($form, acc[i], base[i], left);
+            }
+        };
+    }
+    match form {
+        KeyForm::Negated => fill!(KeyForm::Negated),
+        KeyForm::Quotient => fill!(KeyForm::Quotient),
+        KeyForm::Shifted => fill!(KeyForm::Shifted),
+        KeyForm::Exact => unreachable!("the exact form filters by the distance"),
+    }
+}
+
 /// Right rows per admission test: a block's filter values are computed with vector instructions,
 /// and a block where none beats the k-th row so far costs one comparison per row.
 const BLOCK: usize = 64;
@@ -283,29 +341,12 @@ fn select_nearest<S: Semiring>(
         let len = BLOCK.min(n - start);
         let filter = &mut filter[..len];
         let a0 = &acc0[start..start + len];
-        let b = &base[start..start + len];
-        macro_rules! fill {
-            ($form:expr) => {
-                for i in 0..len {
-                    filter[i] = filter_value($form, a0[i], b[i], left);
-                }
-            };
-        }
-        match index.key_form {
-            KeyForm::Negated => {
-                fill!(KeyForm::Negated);
+        if index.key_form == KeyForm::Exact {
+            for (i, f) in filter.iter_mut().enumerate() {
+                *f = finish(start + i);
             }
-            KeyForm::Quotient => {
-                fill!(KeyForm::Quotient);
-            }
-            KeyForm::Shifted => {
-                fill!(KeyForm::Shifted);
-            }
-            KeyForm::Exact => {
-                for (i, f) in filter.iter_mut().enumerate() {
-                    *f = finish(start + i);
-                }
-            }
+        } else {
+            fill_filters(index.key_form, a0, &base[start..start + len], left, filter);
         }
         let bound = topk.filter_bound();
         // Not below the bound means not nearer than the k-th row (rows come in increasing order,
