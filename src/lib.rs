@@ -8,9 +8,9 @@
 
 pub mod cli;
 pub mod cpu;
+pub mod generate;
 pub mod gpu;
 pub mod metric;
-pub mod generate;
 pub mod options;
 pub mod planner;
 pub mod udf;

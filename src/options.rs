@@ -96,9 +96,10 @@ impl JoinOptions {
         Ok(Self {
             p: Some(config.p),
             dim: (config.dim > 0).then_some(config.dim),
-            device: config.device.parse().map_err(|e| {
-                DataFusionError::Plan(format!("setting sparse_knn.device: {e}"))
-            })?,
+            device: config
+                .device
+                .parse()
+                .map_err(|e| DataFusionError::Plan(format!("setting sparse_knn.device: {e}")))?,
             exclude_self: config.exclude_self,
             left_column: None,
             right_column: None,
@@ -134,14 +135,23 @@ impl JoinOptions {
                     self.exclude_self = match value.to_ascii_lowercase().as_str() {
                         "true" | "1" | "yes" | "on" => true,
                         "false" | "0" | "no" | "off" => false,
-                        _ => return plan_err!("option exclude_self must be true or false, got '{value}'"),
+                        _ => {
+                            return plan_err!(
+                                "option exclude_self must be true or false, got '{value}'"
+                            )
+                        }
                     }
                 }
                 "left_column" => self.left_column = Some(value.to_string()),
                 "right_column" => self.right_column = Some(value.to_string()),
-                "gpu_memory_limit" => self.gpu_memory_limit = Some(parse_bytes("gpu_memory_limit", value)?),
+                "gpu_memory_limit" => {
+                    self.gpu_memory_limit = Some(parse_bytes("gpu_memory_limit", value)?)
+                }
                 other => {
-                    return plan_err!("unknown option '{other}'; valid keys: {}", OPTION_KEYS.join(", "))
+                    return plan_err!(
+                        "unknown option '{other}'; valid keys: {}",
+                        OPTION_KEYS.join(", ")
+                    )
                 }
             }
         }
@@ -157,7 +167,9 @@ impl JoinOptions {
 /// `1073741824`, `512MiB`, `8GB`, `2 GiB` → bytes.
 pub fn parse_bytes(what: &str, text: &str) -> Result<u64> {
     let t = text.trim();
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (number, unit) = t.split_at(split);
     let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
@@ -192,11 +204,23 @@ mod tests {
 
     #[test]
     fn bad_options_say_what_is_valid() {
-        let e = JoinOptions::default().apply("colour=red").unwrap_err().to_string();
-        assert!(e.contains("unknown option 'colour'") && e.contains("exclude_self"), "{e}");
-        let e = JoinOptions::default().apply("p=0.5").unwrap_err().to_string();
+        let e = JoinOptions::default()
+            .apply("colour=red")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("unknown option 'colour'") && e.contains("exclude_self"),
+            "{e}"
+        );
+        let e = JoinOptions::default()
+            .apply("p=0.5")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("p must be a number >= 1"), "{e}");
-        let e = JoinOptions::default().apply("device=tpu").unwrap_err().to_string();
+        let e = JoinOptions::default()
+            .apply("device=tpu")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("valid: auto, cpu, gpu"), "{e}");
         let e = JoinOptions::default().apply("dim").unwrap_err().to_string();
         assert!(e.contains("key=value"), "{e}");

@@ -747,7 +747,7 @@ async fn parquet_file_and_folder_paths_are_inputs() {
     let files = std::fs::read_dir(&folder).unwrap().count();
     assert!(files >= 1, "{files}");
     let sorted = |mut v: Vec<(i64, i64, f64, i32)>| {
-        v.sort_by(|a, b| (a.0, a.3).cmp(&(b.0, b.3)));
+        v.sort_by_key(|a| (a.0, a.3));
         v
     };
     let from_table = sorted(pairs(

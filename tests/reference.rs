@@ -1067,12 +1067,9 @@ fn near_duplicate_rows_with_large_values() {
     assert_no_failures("near duplicates with large values", &failures);
 }
 
-/// The CPU probe computes minkowski in the folded form Σ|x|ᵖ + Σ|y|ᵖ + Σ_shared(|x−y|ᵖ − |x|ᵖ −
-/// |y|ᵖ), which cancels on these rows (p = 3: 0 or 2.0 where the reference is about 0.15), outside
-/// the SPEC's tolerance (minkowski has no cancellation allowance there). Row by row,
-/// `Metric::distance` walks the union instead and passes.
+/// The folded form Σ|x|ᵖ + Σ|y|ᵖ + Σ_shared(|x−y|ᵖ − |x|ᵖ − |y|ᵖ) cancels on these rows (p = 3:
+/// 0 or 2.0 where the reference is about 0.15); the probe must refine minkowski candidates exactly.
 #[test]
-#[ignore = "known bug: the CPU probe's folded minkowski cancels on near-equal large values"]
 fn minkowski_probe_on_near_duplicate_rows_with_large_values() {
     let rows = near_duplicates();
     let mut failures = Vec::new();

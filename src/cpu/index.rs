@@ -118,6 +118,8 @@ pub struct CpuIndex {
     pub(crate) row_ptr: Vec<usize>,
     pub(crate) row_cols: Vec<u32>,
     pub(crate) row_vals: Vec<f32>,
+    /// Minkowski only: the right rows themselves, to recompute candidate pairs exactly.
+    pub(crate) exact_rows: Option<SparseBatch>,
 }
 
 impl CpuIndex {
@@ -174,6 +176,8 @@ impl CpuIndex {
             row_ptr: Vec::new(),
             row_cols: Vec::new(),
             row_vals: Vec::new(),
+            exact_rows: (metric.kind == MetricKind::Minkowski && metric.p > 1.0)
+                .then(|| right.clone()),
         };
         // Chebyshev needs every column as postings: it tracks per right row which left columns it
         // holds, which a dense pass would do no faster.

@@ -96,15 +96,27 @@ pub fn probe(
                         .map(|first| first + row as u64)
                         .filter(|&p| p < index.rows as u64)
                         .map(|p| p as usize);
-                    probe_row(
-                        index,
-                        left.row(row),
-                        row as u32,
-                        skip,
-                        selection,
-                        ws,
-                        &mut out,
-                    );
+                    match &index.exact_rows {
+                        None => probe_row(
+                            index,
+                            left.row(row),
+                            row as u32,
+                            skip,
+                            selection,
+                            ws,
+                            &mut out,
+                        ),
+                        Some(right) => refined_row(
+                            index,
+                            right,
+                            left.row(row),
+                            row as u32,
+                            skip,
+                            selection,
+                            ws,
+                            &mut out,
+                        ),
+                    }
                 }
                 out
             },
@@ -115,6 +127,50 @@ pub fn probe(
         out.append(c);
     }
     out
+}
+
+/// Extra candidates taken per left row before exact refinement, so that rows the folded form
+/// ranks slightly wrong (it cancels) can still make the final k.
+const REFINE_EXTRA: usize = 16;
+
+/// Minkowski with p > 1 cancels in its folded form when both rows hold large, nearly equal
+/// values (Σ|x|ᵖ + Σ|y|ᵖ dwarfs the true Σ|x−y|ᵖ): the folded probe proposes candidates and each
+/// proposed pair is recomputed exactly over the union of the two rows.
+#[allow(clippy::too_many_arguments)]
+fn refined_row(
+    index: &CpuIndex,
+    right: &SparseBatch,
+    row: (&[i32], &[f32]),
+    left_row: u32,
+    skip: Option<usize>,
+    selection: Selection,
+    ws: &mut Workspace,
+    out: &mut PairList,
+) {
+    let mut candidates = PairList::default();
+    let wide = match selection {
+        Selection::Nearest(k) => Selection::Nearest(k.saturating_add(REFINE_EXTRA)),
+        // The folded distance of a pair right at the radius can land just outside it.
+        Selection::Within(radius) => Selection::Within(radius * (1.0 + 1e-3) + 1e-9),
+    };
+    probe_row(index, row, left_row, skip, wide, ws, &mut candidates);
+    let mut pairs: Vec<(f64, u32)> = candidates
+        .right
+        .iter()
+        .map(|&j| (index.metric.distance(row, right.row(j as usize)), j))
+        .collect();
+    match selection {
+        Selection::Nearest(k) => {
+            pairs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            pairs.truncate(k);
+        }
+        Selection::Within(radius) => pairs.retain(|&(d, _)| index.metric.within(d, radius)),
+    }
+    for (d, j) in pairs {
+        out.left.push(left_row);
+        out.right.push(j);
+        out.distance.push(d);
+    }
 }
 
 /// Per-thread scratch, reused across rows.

@@ -78,16 +78,20 @@ impl MetricKind {
     pub fn all() -> impl Iterator<Item = MetricKind> {
         let mut seen = Vec::new();
         METRIC_NAMES.iter().filter_map(move |(_, k)| {
-            (!seen.contains(k)).then(|| {
-                seen.push(*k);
-                *k
-            })
+            if seen.contains(k) {
+                return None;
+            }
+            seen.push(*k);
+            Some(*k)
         })
     }
 
     /// hamming, russellrao and correlation are defined over all `d` coordinates.
     pub fn needs_dim(self) -> bool {
-        matches!(self, MetricKind::Hamming | MetricKind::RussellRao | MetricKind::Correlation)
+        matches!(
+            self,
+            MetricKind::Hamming | MetricKind::RussellRao | MetricKind::Correlation
+        )
     }
 
     pub fn needs_nonnegative(self) -> bool {
@@ -112,7 +116,11 @@ impl FromStr for MetricKind {
             Some((_, k)) => Ok(*k),
             None => plan_err!(
                 "unknown metric '{s}'; valid metrics: {}",
-                METRIC_NAMES.iter().map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                METRIC_NAMES
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }

@@ -33,22 +33,76 @@ macro_rules! with_semiring {
         use $crate::metric as m;
         let metric: &m::Metric = &$metric;
         match metric.kind {
-            m::MetricKind::Dot => { let $s = m::Dot; $body }
-            m::MetricKind::Cosine => { let $s = m::Cosine; $body }
-            m::MetricKind::Euclidean => { let $s = m::Euclidean; $body }
-            m::MetricKind::SqEuclidean => { let $s = m::SqEuclidean; $body }
-            m::MetricKind::Manhattan => { let $s = m::Manhattan; $body }
-            m::MetricKind::Minkowski => { let $s = m::Minkowski { p: metric.p }; $body }
-            m::MetricKind::Canberra => { let $s = m::Canberra; $body }
-            m::MetricKind::BrayCurtis => { let $s = m::BrayCurtis; $body }
-            m::MetricKind::Hamming => { let $s = m::Hamming { d: metric.dim.unwrap_or(1) as f64 }; $body }
-            m::MetricKind::Jaccard => { let $s = m::Jaccard; $body }
-            m::MetricKind::Dice => { let $s = m::Dice; $body }
-            m::MetricKind::RussellRao => { let $s = m::RussellRao { d: metric.dim.unwrap_or(1) as f64 }; $body }
-            m::MetricKind::Correlation => { let $s = m::Correlation { d: metric.dim.unwrap_or(1) as f64 }; $body }
-            m::MetricKind::Hellinger => { let $s = m::Hellinger; $body }
-            m::MetricKind::JensenShannon => { let $s = m::JensenShannon; $body }
-            m::MetricKind::KlDivergence => { let $s = m::KlDivergence; $body }
+            m::MetricKind::Dot => {
+                let $s = m::Dot;
+                $body
+            }
+            m::MetricKind::Cosine => {
+                let $s = m::Cosine;
+                $body
+            }
+            m::MetricKind::Euclidean => {
+                let $s = m::Euclidean;
+                $body
+            }
+            m::MetricKind::SqEuclidean => {
+                let $s = m::SqEuclidean;
+                $body
+            }
+            m::MetricKind::Manhattan => {
+                let $s = m::Manhattan;
+                $body
+            }
+            m::MetricKind::Minkowski => {
+                let $s = m::Minkowski { p: metric.p };
+                $body
+            }
+            m::MetricKind::Canberra => {
+                let $s = m::Canberra;
+                $body
+            }
+            m::MetricKind::BrayCurtis => {
+                let $s = m::BrayCurtis;
+                $body
+            }
+            m::MetricKind::Hamming => {
+                let $s = m::Hamming {
+                    d: metric.dim.unwrap_or(1) as f64,
+                };
+                $body
+            }
+            m::MetricKind::Jaccard => {
+                let $s = m::Jaccard;
+                $body
+            }
+            m::MetricKind::Dice => {
+                let $s = m::Dice;
+                $body
+            }
+            m::MetricKind::RussellRao => {
+                let $s = m::RussellRao {
+                    d: metric.dim.unwrap_or(1) as f64,
+                };
+                $body
+            }
+            m::MetricKind::Correlation => {
+                let $s = m::Correlation {
+                    d: metric.dim.unwrap_or(1) as f64,
+                };
+                $body
+            }
+            m::MetricKind::Hellinger => {
+                let $s = m::Hellinger;
+                $body
+            }
+            m::MetricKind::JensenShannon => {
+                let $s = m::JensenShannon;
+                $body
+            }
+            m::MetricKind::KlDivergence => {
+                let $s = m::KlDivergence;
+                $body
+            }
             m::MetricKind::Chebyshev => unreachable!("chebyshev has no folded semiring"),
         }
     }};
@@ -90,7 +144,10 @@ unit_semiring!(Cosine);
 impl Semiring for Cosine {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: sum(v, |x| x * x), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, |x| x * x),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -109,7 +166,10 @@ unit_semiring!(SqEuclidean);
 impl Semiring for SqEuclidean {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: sum(v, |x| x * x), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, |x| x * x),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -141,7 +201,10 @@ unit_semiring!(Manhattan);
 impl Semiring for Manhattan {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: sum(v, f64::abs), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, f64::abs),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -161,13 +224,19 @@ pub struct Minkowski {
 impl Semiring for Minkowski {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: sum(v, |x| x.abs().powf(self.p)), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, |x| x.abs().powf(self.p)),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
         let (x, y) = (x as f64, y as f64);
         let p = self.p;
-        ((x - y).abs().powf(p) - x.abs().powf(p) - y.abs().powf(p), 0.0)
+        (
+            (x - y).abs().powf(p) - x.abs().powf(p) - y.abs().powf(p),
+            0.0,
+        )
     }
     #[inline(always)]
     fn finish(&self, acc0: f64, _: f64, a: &RowTotals, b: &RowTotals) -> f64 {
@@ -180,7 +249,10 @@ impl Semiring for Canberra {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
         // A column nonzero on one side only contributes |x| / |x| = 1.
-        RowTotals { t0: count(v), t1: 0.0 }
+        RowTotals {
+            t0: count(v),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -197,7 +269,10 @@ unit_semiring!(BrayCurtis);
 impl Semiring for BrayCurtis {
     const TWO_ACCUMULATORS: bool = true;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: sum(v, f64::abs), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, f64::abs),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -228,7 +303,10 @@ pub struct Hamming {
 impl Semiring for Hamming {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: count(v), t1: 0.0 }
+        RowTotals {
+            t0: count(v),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -244,7 +322,10 @@ unit_semiring!(Jaccard);
 impl Semiring for Jaccard {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: count(v), t1: 0.0 }
+        RowTotals {
+            t0: count(v),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, _: f32, _: f32) -> (f64, f64) {
@@ -265,7 +346,10 @@ unit_semiring!(Dice);
 impl Semiring for Dice {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: count(v), t1: 0.0 }
+        RowTotals {
+            t0: count(v),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, _: f32, _: f32) -> (f64, f64) {
@@ -339,7 +423,10 @@ unit_semiring!(Hellinger);
 impl Semiring for Hellinger {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: sum(v, |x| x), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, |x| x),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -356,7 +443,10 @@ impl Semiring for JensenShannon {
     const TWO_ACCUMULATORS: bool = false;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
         // A column nonzero on one side only contributes x·ln(x / (x/2)) = x·ln 2.
-        RowTotals { t0: sum(v, |x| x), t1: 0.0 }
+        RowTotals {
+            t0: sum(v, |x| x),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
@@ -374,7 +464,10 @@ unit_semiring!(KlDivergence);
 impl Semiring for KlDivergence {
     const TWO_ACCUMULATORS: bool = true;
     fn totals(&self, v: impl IntoIterator<Item = f32>) -> RowTotals {
-        RowTotals { t0: count(v), t1: 0.0 }
+        RowTotals {
+            t0: count(v),
+            t1: 0.0,
+        }
     }
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {

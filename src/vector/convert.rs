@@ -87,18 +87,30 @@ fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<List
         DataType::List(_) => {
             let l = array.as_list::<i32>();
             let o: Vec<usize> = l.offsets().iter().map(|&x| x as usize).collect();
-            ListParts { ranges: ranges_of(&o), child: l.values().clone(), nulls: l.nulls().cloned() }
+            ListParts {
+                ranges: ranges_of(&o),
+                child: l.values().clone(),
+                nulls: l.nulls().cloned(),
+            }
         }
         DataType::LargeList(_) => {
             let l = array.as_list::<i64>();
             let o: Vec<usize> = l.offsets().iter().map(|&x| x as usize).collect();
-            ListParts { ranges: ranges_of(&o), child: l.values().clone(), nulls: l.nulls().cloned() }
+            ListParts {
+                ranges: ranges_of(&o),
+                child: l.values().clone(),
+                nulls: l.nulls().cloned(),
+            }
         }
         DataType::FixedSizeList(_, n) => {
             let l: &FixedSizeListArray = array.as_fixed_size_list();
             let n = *n as usize;
             let ranges = (0..l.len()).map(|r| (r * n, r * n + n)).collect();
-            ListParts { ranges, child: l.values().clone(), nulls: l.nulls().cloned() }
+            ListParts {
+                ranges,
+                child: l.values().clone(),
+                nulls: l.nulls().cloned(),
+            }
         }
         other => {
             return exec_err!(
@@ -172,8 +184,12 @@ pub(super) fn to_sparse_batch(array: &dyn Array, check: &VectorCheck) -> Result<
 }
 
 fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> {
-    let indices = array.column_by_name(INDICES).expect("checked by is_sparse_vector_type");
-    let values = array.column_by_name(VALUES).expect("checked by is_sparse_vector_type");
+    let indices = array
+        .column_by_name(INDICES)
+        .expect("checked by is_sparse_vector_type");
+    let values = array
+        .column_by_name(VALUES)
+        .expect("checked by is_sparse_vector_type");
 
     // The canonical layout is taken as it is: the list offsets become the row pointer.
     if let (DataType::List(fi), DataType::List(fv)) = (indices.data_type(), values.data_type()) {
@@ -183,7 +199,8 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
             let ic = il.values().as_primitive::<Int32Type>();
             let vc = vl.values().as_primitive::<Float32Type>();
             if il.offsets() == vl.offsets() && ic.null_count() == 0 && vc.null_count() == 0 {
-                let nulls = merge_nulls(array.nulls(), merge_nulls(il.nulls(), vl.nulls()).as_ref());
+                let nulls =
+                    merge_nulls(array.nulls(), merge_nulls(il.nulls(), vl.nulls()).as_ref());
                 return Ok(SparseBatch::from_parts(
                     il.offsets().inner().clone(),
                     ic.values().clone(),
@@ -196,15 +213,26 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
 
     let ip = list_parts(indices.as_ref(), check, "field 'indices'")?;
     let vp = list_parts(values.as_ref(), check, "field 'values'")?;
-    let nulls = merge_nulls(array.nulls(), merge_nulls(ip.nulls.as_ref(), vp.nulls.as_ref()).as_ref());
+    let nulls = merge_nulls(
+        array.nulls(),
+        merge_nulls(ip.nulls.as_ref(), vp.nulls.as_ref()).as_ref(),
+    );
     build(array.len(), &ip, &vp, nulls, check)
 }
 
 fn from_map(array: &MapArray, check: &VectorCheck) -> Result<SparseBatch> {
     let o: Vec<usize> = array.offsets().iter().map(|&x| x as usize).collect();
     let ranges: Vec<(usize, usize)> = o.windows(2).map(|w| (w[0], w[1])).collect();
-    let ip = ListParts { ranges: ranges.clone(), child: array.keys().clone(), nulls: None };
-    let vp = ListParts { ranges, child: array.values().clone(), nulls: None };
+    let ip = ListParts {
+        ranges: ranges.clone(),
+        child: array.keys().clone(),
+        nulls: None,
+    };
+    let vp = ListParts {
+        ranges,
+        child: array.values().clone(),
+        nulls: None,
+    };
     build(array.len(), &ip, &vp, array.nulls().cloned(), check)
 }
 
@@ -271,7 +299,12 @@ fn build(
         }
         offsets.push(indices.len() as i32);
     }
-    Ok(SparseBatch::from_parts(offsets.into(), indices.into(), values.into(), nulls))
+    Ok(SparseBatch::from_parts(
+        offsets.into(),
+        indices.into(),
+        values.into(),
+        nulls,
+    ))
 }
 
 /// Dense lists: position is the index, zeros are dropped.
@@ -294,7 +327,11 @@ fn from_dense(array: &dyn Array, check: &VectorCheck) -> Result<SparseBatch> {
                 let v = read(k);
                 if v != 0.0 {
                     if k - s > i32::MAX as usize {
-                        return exec_err!("{}: dense vector longer than {}", check.row_label(row), i32::MAX);
+                        return exec_err!(
+                            "{}: dense vector longer than {}",
+                            check.row_label(row),
+                            i32::MAX
+                        );
                     }
                     indices.push((k - s) as i32);
                     values.push(v as f32);
@@ -302,9 +339,18 @@ fn from_dense(array: &dyn Array, check: &VectorCheck) -> Result<SparseBatch> {
             }
         }
         if indices.len() > i32::MAX as usize {
-            return exec_err!("{}: more than {} nonzeros in one batch", check.column_label(), i32::MAX);
+            return exec_err!(
+                "{}: more than {} nonzeros in one batch",
+                check.column_label(),
+                i32::MAX
+            );
         }
         offsets.push(indices.len() as i32);
     }
-    Ok(SparseBatch::from_parts(offsets.into(), indices.into(), values.into(), parts.nulls))
+    Ok(SparseBatch::from_parts(
+        offsets.into(),
+        indices.into(),
+        values.into(),
+        parts.nulls,
+    ))
 }

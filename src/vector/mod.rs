@@ -49,7 +49,12 @@ impl SparseBatch {
     ) -> Self {
         debug_assert!(!offsets.is_empty());
         debug_assert_eq!(indices.len(), values.len());
-        Self { offsets, indices, values, nulls }
+        Self {
+            offsets,
+            indices,
+            values,
+            nulls,
+        }
     }
 
     /// Builds a batch from rows of `(index, value)` pairs; `None` is a null row.

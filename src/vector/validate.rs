@@ -19,7 +19,10 @@ pub struct VectorCheck {
 
 impl VectorCheck {
     pub fn new(column: impl Into<String>) -> Self {
-        Self { column: column.into(), ..Default::default() }
+        Self {
+            column: column.into(),
+            ..Default::default()
+        }
     }
 
     pub fn with_first_row(mut self, first_row: u64) -> Self {
@@ -43,7 +46,11 @@ impl VectorCheck {
 
     /// `row` counts from 0 within the batch; the message counts from 0 within the input.
     pub fn row_label(&self, row: usize) -> String {
-        format!("{}, row {}", self.column_label(), self.first_row + row as u64)
+        format!(
+            "{}, row {}",
+            self.column_label(),
+            self.first_row + row as u64
+        )
     }
 
     /// Checks every non-null row: indices in range and unique, values finite (and ≥ 0 if asked).
