@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on the device machine (see bench/GPU_RESULTS.md for how it is called): the GPU tests, the
+# Runs on the device machine (see the GPU section of BENCHMARKS.md for how it is called): the GPU tests, the
 # same under compute-sanitizer, and/or the benchmark with the anchors on the same Parquet files.
 #   scripts/device_run.sh test            # devrun/gpu_test(.gz) --ignored, then memcheck
 #   scripts/device_run.sh bench [ROWS...]  # devrun/sparse-knn(.gz) bench + devrun/anchors.py
