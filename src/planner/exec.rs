@@ -188,17 +188,13 @@ fn physical_layout(
         };
     let left_vector = find(left, left_vector)?;
     let right_vector = find(right, right_vector)?;
-    Ok(Layout {
+    Ok(Layout::with_vectors(
+        spec,
+        left,
+        right,
         left_vector,
         right_vector,
-        left_others: (0..left.fields().len())
-            .filter(|&i| i != left_vector)
-            .collect(),
-        right_others: (0..right.fields().len())
-            .filter(|&i| i != right_vector)
-            .collect(),
-        with_rank: matches!(spec.kind, JoinKind::Knn { .. }),
-    })
+    ))
 }
 
 impl DisplayAs for SparseJoinExec {

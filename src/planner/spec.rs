@@ -287,7 +287,24 @@ impl Layout {
             right,
             spec.options.right_column.as_deref(),
         )?;
-        Ok(Self {
+        Ok(Self::with_vectors(
+            spec,
+            left,
+            right,
+            left_vector,
+            right_vector,
+        ))
+    }
+
+    /// The layout once the vector column of each side is known: every other column is copied.
+    pub fn with_vectors(
+        spec: &JoinSpec,
+        left: &Schema,
+        right: &Schema,
+        left_vector: usize,
+        right_vector: usize,
+    ) -> Self {
+        Self {
             left_vector,
             right_vector,
             left_others: (0..left.fields().len())
@@ -297,7 +314,7 @@ impl Layout {
                 .filter(|&i| i != right_vector)
                 .collect(),
             with_rank: matches!(spec.kind, JoinKind::Knn { .. }),
-        })
+        }
     }
 
     /// The output schema: `query_*`, `neighbor_*`, `distance` and (knn) `rank`.
