@@ -247,42 +247,36 @@ fn sorted_nonzeros((indices, values): (&[i32], &[f32])) -> Vec<(i32, f32)> {
     v
 }
 
-/// (Σ |x_i - y_i|^p)^(1/p) over the union of two sorted supports.
-fn minkowski_sorted(a: &[(i32, f32)], b: &[(i32, f32)], p: f64) -> f64 {
-    let (mut i, mut j, mut sum) = (0, 0, 0.0f64);
-    while i < a.len() || j < b.len() {
-        let d = if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
+/// x_i − y_i over the union of two supports sorted by index (a missing side is 0).
+fn union_differences<'a>(
+    a: &'a [(i32, f32)],
+    b: &'a [(i32, f32)],
+) -> impl Iterator<Item = f64> + 'a {
+    let (mut i, mut j) = (0, 0);
+    std::iter::from_fn(move || {
+        if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
             i += 1;
-            a[i - 1].1 as f64
+            a.get(i - 1).map(|e| e.1 as f64)
         } else if i == a.len() || b[j].0 < a[i].0 {
             j += 1;
-            b[j - 1].1 as f64
+            Some(-(b[j - 1].1 as f64))
         } else {
             i += 1;
             j += 1;
-            a[i - 1].1 as f64 - b[j - 1].1 as f64
-        };
-        sum += d.abs().powf(p);
-    }
-    sum.powf(1.0 / p)
+            Some(a[i - 1].1 as f64 - b[j - 1].1 as f64)
+        }
+    })
 }
 
-/// max |x_i - y_i| over the union of two sorted supports.
+/// (Σ |x_i − y_i|^p)^(1/p) over the union: exact where the folded form would cancel.
+fn minkowski_sorted(a: &[(i32, f32)], b: &[(i32, f32)], p: f64) -> f64 {
+    union_differences(a, b)
+        .map(|d| d.abs().powf(p))
+        .sum::<f64>()
+        .powf(1.0 / p)
+}
+
+/// max |x_i − y_i| over the union.
 fn chebyshev_sorted(a: &[(i32, f32)], b: &[(i32, f32)]) -> f64 {
-    let (mut i, mut j, mut m) = (0, 0, 0.0f64);
-    while i < a.len() || j < b.len() {
-        let d = if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
-            i += 1;
-            (a[i - 1].1 as f64).abs()
-        } else if i == a.len() || b[j].0 < a[i].0 {
-            j += 1;
-            (b[j - 1].1 as f64).abs()
-        } else {
-            i += 1;
-            j += 1;
-            (a[i - 1].1 as f64 - b[j - 1].1 as f64).abs()
-        };
-        m = m.max(d);
-    }
-    m
+    union_differences(a, b).fold(0.0, |m, d| m.max(d.abs()))
 }
