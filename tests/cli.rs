@@ -78,7 +78,7 @@ fn vectors(path: &Path) -> SparseBatch {
             SparseBatch::try_from_array(b.column(col), &VectorCheck::new("vec")).unwrap()
         })
         .collect();
-    SparseBatch::concat(&batches)
+    SparseBatch::concat(&batches).unwrap()
 }
 
 #[test]
@@ -218,7 +218,8 @@ fn generate_is_deterministic_per_seed() {
         &lib.iter()
             .map(|b| SparseBatch::try_from_array(b.column(1), &VectorCheck::new("vec")).unwrap())
             .collect::<Vec<_>>(),
-    );
+    )
+    .unwrap();
     assert_eq!(from_lib.indices(), va.indices());
 }
 

@@ -459,7 +459,7 @@ impl BuildJob {
                     )?);
                     row += batch.num_rows() as u64;
                 }
-                let vectors = SparseBatch::concat(&vectors);
+                let vectors = SparseBatch::concat(&vectors)?;
                 let others_schema = Arc::new(right_schema.project(&layout.right_others)?);
                 let projected = batches
                     .iter()

@@ -162,11 +162,19 @@ impl SparseBatch {
         )
     }
 
-    /// Concatenates batches into one (the build side of a join).
-    pub fn concat(batches: &[SparseBatch]) -> Self {
+    /// Concatenates batches into one (the build side of a join). The row pointer is i32, as in
+    /// the canonical Arrow type, so more than `i32::MAX` stored entries in all is an error.
+    pub fn concat(batches: &[SparseBatch]) -> Result<Self> {
+        let total: usize = batches.iter().map(|b| b.nnz()).sum();
+        if total > i32::MAX as usize {
+            return datafusion::common::exec_err!(
+                "the build side holds {total} stored vector entries, more than the {} one \
+                 CSR batch can index; use a smaller right input",
+                i32::MAX
+            );
+        }
         let mut offsets = Vec::with_capacity(batches.iter().map(|b| b.len()).sum::<usize>() + 1);
         offsets.push(0i32);
-        let total: usize = batches.iter().map(|b| b.nnz()).sum();
         let mut indices = Vec::with_capacity(total);
         let mut values = Vec::with_capacity(total);
         let mut valid = Vec::new();
@@ -181,7 +189,12 @@ impl SparseBatch {
         }
         let nulls = NullBuffer::from(valid);
         let nulls = (nulls.null_count() > 0).then_some(nulls);
-        Self::from_parts(offsets.into(), indices.into(), values.into(), nulls)
+        Ok(Self::from_parts(
+            offsets.into(),
+            indices.into(),
+            values.into(),
+            nulls,
+        ))
     }
 
     /// Bytes held by the batch's buffers (for memory reservations and metrics).
