@@ -1,4 +1,5 @@
-// Exact kNN and radius joins over sparse vectors (CSR left batch against a resident right side).
+// Exact kNN and radius joins over sparse vectors (CSR left batch against a resident right side),
+// generic over the metric: every formula comes from `MetricDef`, generated from src/metric.
 //
 // Folded metrics (all but chebyshev): one thread block per left row. The right rows are cut into
 // tiles of `tile_rows`; for each tile the block accumulates the folded sum of every right row of
@@ -17,9 +18,6 @@
 // Keys: the distance as float, mapped to an unsigned integer whose order is the float order, in
 // the high 32 bits, and the right row in the low 32 bits. Sorting the 64-bit composite gives the
 // SPEC's order (nearest first, ties to the smaller right row) with no separate tie rule.
-
-typedef unsigned int u32;
-typedef unsigned long long u64;
 
 #define NO_KEY 0xffffffffffffffffull
 // `self_first` when exclude_self is off.
@@ -126,23 +124,32 @@ __device__ __forceinline__ int map_column(int c, int col_mode, int ncols, const 
 }
 
 
-#define KNN_PARAMS                                                                                  \
-    const int *l_off, long long l_base, const int *l_idx, const float *l_val, const int *work,     \
-        int nwork, long long self_first, int n_right, const u32 *valid_bits, const void *rt0v,      \
-        const void *rt1v, int col_mode, int ncols, const int *col_ids, const u32 *tile_ptr,         \
-        const u32 *col_rows, const float *col_vals, int tile_rows, int ntiles, double p, double d,  \
-        int k, int cap, u32 *out_rows, float *out_keys, int *out_count, double radius,              \
-        u32 *r_left, u32 *r_right, double *r_dist, u64 *r_counter, u64 r_cap
-
-#define KNN_ARGS                                                                                    \
-    l_off, l_base, l_idx, l_val, work, nwork, self_first, n_right, valid_bits, rt0v, rt1v,          \
-        col_mode, ncols, col_ids, tile_ptr, col_rows, col_vals, tile_rows, ntiles, p, d, k, cap,    \
-        out_rows, out_keys, out_count, radius, r_left, r_right, r_dist, r_counter, r_cap
-
-template <int K, typename Acc, bool RADIUS> __device__ void folded_body(KNN_PARAMS) {
+#if !METRIC_REDUCTION_MAX
+template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
+    typedef MetricDef::Acc Acc;
+    const int* l_off = a.l_off;
+    const long long l_base = a.l_base;
+    const int* l_idx = a.l_idx;
+    const float* l_val = a.l_val;
+    const int* work = a.work;
+    const int nwork = a.nwork, n_right = a.n_right;
+    const long long self_first = a.self_first;
+    const u32* valid_bits = a.valid_bits;
+    const void* rt0v = a.rt0;
+    const void* rt1v = a.rt1;
+    const int col_mode = a.col_mode, ncols = a.ncols;
+    const int* col_ids = a.col_ids;
+    const u32* tile_ptr = a.tile_ptr;
+    const u32* col_rows = a.col_rows;
+    const float* col_vals = a.col_vals;
+    const int tile_rows = a.tile_rows, ntiles = a.ntiles;
+    const Params prm = {a.p, a.d};
+    const int k = a.k, cap = a.cap;
+    const double radius = a.radius;
+    const u64 r_cap = a.r_cap;
     extern __shared__ __align__(16) unsigned char smem[];
     const int B = blockDim.x;
-    const bool TWO = two_acc<K>();
+    const bool TWO = MetricDef::TWO;
     const Acc* rt0 = (const Acc*)rt0v;
     const Acc* rt1 = (const Acc*)rt1v;
     // Shared memory: acc0[tile] (acc1[tile]) | cand[cap] (knn) | seg_start[B] seg_off[B] seg_x[B]
@@ -169,7 +176,10 @@ template <int K, typename Acc, bool RADIUS> __device__ void folded_body(KNN_PARA
         double t0 = 0.0, t1 = 0.0;
         for (int e = threadIdx.x; e < deg; e += B) {
             float x = l_val[start + e];
-            if (x != 0.0f) total_term<K>((double)x, p, t0, t1);
+            if (x != 0.0f) {
+                t0 += MetricDef::total0((double)x, prm);
+                t1 += MetricDef::total1((double)x, prm);
+            }
         }
         const double lt0 = block_sum(t0, red);
         const double lt1 = block_sum(t1, red);
@@ -220,10 +230,9 @@ template <int K, typename Acc, bool RADIUS> __device__ void folded_body(KNN_PARA
                     }
                     u32 pos = seg_start[lo] + (q - seg_off[lo]);
                     int j = (int)col_rows[pos] - tile_first;
-                    Acc a0, a1;
-                    pair_term<K, Acc>(seg_x[lo], col_vals[pos], p, a0, a1);
-                    atomicAdd(&acc0[j], a0);
-                    if (TWO) atomicAdd(&acc1[j], a1);
+                    const double x = seg_x[lo], y = col_vals[pos];
+                    atomicAdd(&acc0[j], (Acc)MetricDef::pair0(x, y, prm));
+                    if (TWO) atomicAdd(&acc1[j], (Acc)MetricDef::pair1(x, y, prm));
                 }
                 __syncthreads();
             }
@@ -233,22 +242,23 @@ template <int K, typename Acc, bool RADIUS> __device__ void folded_body(KNN_PARA
                 if (jj < tile_len) {
                     int j = tile_first + jj;
                     if (row_valid(valid_bits, j) && (long long)j != self_row) {
-                        double r0 = needs_rt0<K>() ? (double)rt0[j] : 0.0;
-                        double r1 = needs_rt1<K>() ? (double)rt1[j] : 0.0;
+                        const Totals lt = {lt0, lt1};
+                        const Totals rt = {MetricDef::NEEDS_RT0 ? (double)rt0[j] : 0.0,
+                                           MetricDef::NEEDS_RT1 ? (double)rt1[j] : 0.0};
                         double a1v = TWO ? (double)acc1[jj] : 0.0;
-                        double dist = finish<K>((double)acc0[jj], a1v, lt0, lt1, r0, r1, p, d);
+                        double dist = MetricDef::finish((double)acc0[jj], a1v, lt, rt, prm);
                         if (RADIUS) {
-                            bool inside = K == M_DOT ? dist >= radius : dist <= radius;
+                            bool inside = MetricDef::SIMILARITY ? dist >= radius : dist <= radius;
                             if (inside) {
-                                u64 slot = atomicAdd(r_counter, 1ull);
+                                u64 slot = atomicAdd(a.r_counter, 1ull);
                                 if (slot < r_cap) {
-                                    r_left[slot] = (u32)row;
-                                    r_right[slot] = (u32)j;
-                                    r_dist[slot] = dist;
+                                    a.r_left[slot] = (u32)row;
+                                    a.r_right[slot] = (u32)j;
+                                    a.r_dist[slot] = dist;
                                 }
                             }
                         } else {
-                            float key = (float)(K == M_DOT ? -dist : dist);
+                            float key = (float)(MetricDef::SIMILARITY ? -dist : dist);
                             u64 c = ((u64)float_to_ordered(key) << 32) | (u64)(u32)j;
                             if (c < s_tau) {
                                 int slot = atomicAdd(&s_count, 1);
@@ -273,31 +283,47 @@ template <int K, typename Acc, bool RADIUS> __device__ void folded_body(KNN_PARA
             const int n = s_count;
             for (int i = threadIdx.x; i < n; i += B) {
                 u64 c = cand[i];
-                out_rows[(size_t)w * k + i] = (u32)(c & 0xffffffffull);
+                a.out_rows[(size_t)w * k + i] = (u32)(c & 0xffffffffull);
                 float key = ordered_to_float((u32)(c >> 32));
-                out_keys[(size_t)w * k + i] = K == M_DOT ? -key : key;
+                a.out_keys[(size_t)w * k + i] = MetricDef::SIMILARITY ? -key : key;
             }
-            if (threadIdx.x == 0) out_count[w] = n;
+            if (threadIdx.x == 0) a.out_count[w] = n;
             __syncthreads();
         }
     }
 }
 
-// Chebyshev: max over the union of supports, so no folded form. One block per left row (the
+extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a); }
+extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
+#endif
+
+// Max-reduced metrics (chebyshev): max over the union of supports, so no folded form. The term is
+// MetricDef::term; a missing side is 0 (term(0, y) = |y| and term(x, 0) = |x|, see
+// `Reduction::Max` in src/metric/define.rs). One block per left row (the
 // grid is capped at the number of `dense` scratch slots). The left row is scattered into its
 // block's slot of a dense array over the right side's columns; each warp walks right rows (CSR,
 // column-sorted): shared columns give |x - y|, right-only ones |y|. The largest |x| over left-only
 // columns is the first entry of the left row's list sorted by |x| (descending, prepared with the
 // batch) that the right row lacks: a warp tests 32 entries at a time by binary search in the
 // right row.
-#define CHEB_PARAMS                                                                                 \
-    const int *work, int nwork, long long self_first, const int *ch_off, const int *ch_col,        \
-        const float *ch_val, int n_right, const u32 *valid_bits, int ncols, const u32 *r_ptr,      \
-        const int *r_col, const float *r_val, float *dense, int k, int cap, u32 *out_rows,          \
-        float *out_keys, int *out_count, double radius, u32 *r_left, u32 *r_right, double *r_dist, \
-        u64 *r_counter, u64 r_cap
-
-template <bool RADIUS> __device__ void chebyshev_body(CHEB_PARAMS) {
+#if METRIC_REDUCTION_MAX
+template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
+    const int* work = a.work;
+    const int nwork = a.nwork, n_right = a.n_right;
+    const long long self_first = a.self_first;
+    const int* ch_off = a.ch_off;
+    const int* ch_col = a.ch_col;
+    const float* ch_val = a.ch_val;
+    const u32* valid_bits = a.valid_bits;
+    const int ncols = a.ncols;
+    const u32* r_ptr = a.r_ptr;
+    const int* r_col = a.r_col;
+    const float* r_val = a.r_val;
+    float* dense = a.dense;
+    const Params prm = {a.p, a.d};
+    const int k = a.k, cap = a.cap;
+    const double radius = a.radius;
+    const u64 r_cap = a.r_cap;
     extern __shared__ __align__(16) unsigned char smem[];
     const int B = blockDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = B >> 5;
@@ -330,7 +356,7 @@ template <bool RADIUS> __device__ void chebyshev_body(CHEB_PARAMS) {
                 for (u32 q = p0 + lane; q < p1; q += 32) {
                     float y = r_val[q];
                     float x = slot[r_col[q]];
-                    m = fmaxf(m, x != 0.0f ? fabsf(x - y) : fabsf(y));
+                    m = fmaxf(m, (float)MetricDef::term(x, y, prm));
                 }
                 // Left-only columns: the largest |x| the right row lacks.
                 for (int base = e0; base < e1; base += 32) {
@@ -351,7 +377,7 @@ template <bool RADIUS> __device__ void chebyshev_body(CHEB_PARAMS) {
                     u32 ballot = __ballot_sync(0xffffffffu, missing);
                     if (ballot) {
                         int first = __ffs(ballot) - 1;
-                        if (lane == first) m = fmaxf(m, fabsf(ch_val[e]));
+                        if (lane == first) m = fmaxf(m, (float)MetricDef::term(ch_val[e], 0.0, prm));
                         break;
                     }
                 }
@@ -367,12 +393,12 @@ template <bool RADIUS> __device__ void chebyshev_body(CHEB_PARAMS) {
                 if (row_valid(valid_bits, j) && (long long)j != self_row) {
                     if (RADIUS) {
                         double dist = dist_d[threadIdx.x];
-                        if (dist <= radius) {
-                            u64 s = atomicAdd(r_counter, 1ull);
+                        if (MetricDef::SIMILARITY ? dist >= radius : dist <= radius) {
+                            u64 s = atomicAdd(a.r_counter, 1ull);
                             if (s < r_cap) {
-                                r_left[s] = (u32)row;
-                                r_right[s] = (u32)j;
-                                r_dist[s] = dist;
+                                a.r_left[s] = (u32)row;
+                                a.r_right[s] = (u32)j;
+                                a.r_dist[s] = dist;
                             }
                         }
                     } else {
@@ -392,10 +418,10 @@ template <bool RADIUS> __device__ void chebyshev_body(CHEB_PARAMS) {
             const int n = s_count;
             for (int i = threadIdx.x; i < n; i += B) {
                 u64 c = cand[i];
-                out_rows[(size_t)w * k + i] = (u32)(c & 0xffffffffull);
-                out_keys[(size_t)w * k + i] = ordered_to_float((u32)(c >> 32));
+                a.out_rows[(size_t)w * k + i] = (u32)(c & 0xffffffffull);
+                a.out_keys[(size_t)w * k + i] = ordered_to_float((u32)(c >> 32));
             }
-            if (threadIdx.x == 0) out_count[w] = n;
+            if (threadIdx.x == 0) a.out_count[w] = n;
         }
         // Clear the slot for the next left row.
         for (int e = e0 + threadIdx.x; e < e1; e += B) {
@@ -406,29 +432,6 @@ template <bool RADIUS> __device__ void chebyshev_body(CHEB_PARAMS) {
     }
 }
 
-extern "C" __global__ void chebyshev_knn(CHEB_PARAMS) { chebyshev_body<false>(work, nwork, self_first, ch_off, ch_col, ch_val, n_right, valid_bits, ncols, r_ptr, r_col, r_val, dense, k, cap, out_rows, out_keys, out_count, radius, r_left, r_right, r_dist, r_counter, r_cap); }
-extern "C" __global__ void chebyshev_radius(CHEB_PARAMS) { chebyshev_body<true>(work, nwork, self_first, ch_off, ch_col, ch_val, n_right, valid_bits, ncols, r_ptr, r_col, r_val, dense, k, cap, out_rows, out_keys, out_count, radius, r_left, r_right, r_dist, r_counter, r_cap); }
-
-// One knn and one radius entry point per folded metric; the accumulator type is float where the
-// folded sum does not cancel (products, counts) and double where it does (|x-y| - |x| - |y| and
-// friends cancel for near neighbours, and the SPEC wants 1e-4 relative to the distance).
-#define FOLDED(NAME, KIND, ACC)                                                                     \
-    extern "C" __global__ void NAME##_knn(KNN_PARAMS) { folded_body<KIND, ACC, false>(KNN_ARGS); } \
-    extern "C" __global__ void NAME##_radius(KNN_PARAMS) { folded_body<KIND, ACC, true>(KNN_ARGS); }
-
-FOLDED(dot, M_DOT, float)
-FOLDED(cosine, M_COSINE, float)
-FOLDED(euclidean, M_EUCLIDEAN, float)
-FOLDED(sqeuclidean, M_SQEUCLIDEAN, float)
-FOLDED(manhattan, M_MANHATTAN, double)
-FOLDED(minkowski, M_MINKOWSKI, double)
-FOLDED(canberra, M_CANBERRA, double)
-FOLDED(braycurtis, M_BRAYCURTIS, double)
-FOLDED(hamming, M_HAMMING, float)
-FOLDED(jaccard, M_JACCARD, float)
-FOLDED(dice, M_DICE, float)
-FOLDED(russellrao, M_RUSSELLRAO, float)
-FOLDED(correlation, M_CORRELATION, float)
-FOLDED(hellinger, M_HELLINGER, double)
-FOLDED(jensenshannon, M_JENSENSHANNON, double)
-FOLDED(kl_divergence, M_KL, float)
+extern "C" __global__ void maxred_knn(const MaxArgs a) { maxred_body<false>(a); }
+extern "C" __global__ void maxred_radius(const MaxArgs a) { maxred_body<true>(a); }
+#endif

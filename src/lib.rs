@@ -10,6 +10,7 @@ pub mod cli;
 pub mod cpu;
 pub mod generate;
 pub mod gpu;
+pub mod join;
 pub mod metric;
 pub mod options;
 pub mod planner;

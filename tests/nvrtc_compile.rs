@@ -1,11 +1,13 @@
-//! Compiles every kernel of `kernels/` with NVRTC (no GPU needed), so a kernel that does not
-//! compile fails CI. Without libnvrtc the test passes with a note, unless
-//! SPARSE_KNN_REQUIRE_NVRTC=1 (CI installs pip's nvidia-cuda-nvrtc and sets it).
+//! Compiles every metric's CUDA module with NVRTC (no GPU needed): the generated `MetricDef` of
+//! each definition in src/metric, the kernel argument structs with their layout checks
+//! (`static_assert`s generated from src/gpu/args.rs), and the generic kernels. A definition whose
+//! formula is not valid CUDA, or a layout that drifts, fails CI. Without libnvrtc the test passes
+//! with a note, unless SPARSE_KNN_REQUIRE_NVRTC=1 (CI installs pip's nvidia-cuda-nvrtc and sets it).
 
 use datafusion_sparse_knn::gpu::kernels;
 
 #[test]
-fn every_kernel_compiles_with_nvrtc() {
+fn every_metric_module_compiles_with_nvrtc() {
     let required = std::env::var("SPARSE_KNN_REQUIRE_NVRTC").is_ok_and(|v| v == "1");
     if !kernels::nvrtc_available() {
         assert!(
@@ -18,18 +20,44 @@ fn every_kernel_compiles_with_nvrtc() {
         );
         return;
     }
+    let programs = kernels::all_programs();
+    assert_eq!(programs.len(), 17, "one module per metric");
     // Hopper (the device machines) and the oldest architecture CUDA 13 supports.
     for arch in ["compute_90", "compute_75"] {
-        let ptx = match kernels::compile(arch) {
-            Ok(p) => p,
-            Err(e) => panic!("{arch}: {e}"),
-        };
-        let text = ptx.to_src();
-        for name in kernels::kernel_names() {
-            assert!(
-                text.contains(&format!(".entry {name}(")),
-                "{arch}: kernel {name} missing from the PTX"
-            );
+        for program in &programs {
+            let ptx = kernels::compile(&program.source, program.name, arch)
+                .unwrap_or_else(|e| panic!("{arch} {}: {e}", program.name));
+            let text = ptx.to_src();
+            for name in program.kernel_names() {
+                assert!(
+                    text.contains(&format!(".entry {name}(")),
+                    "{arch} {}: kernel {name} missing from the PTX",
+                    program.name
+                );
+            }
         }
     }
+}
+
+/// The layout checks are real: a module whose argument struct disagrees with the Rust one does
+/// not compile.
+#[test]
+fn a_drifted_argument_layout_does_not_compile() {
+    if !kernels::nvrtc_available() {
+        eprintln!("skipped: libnvrtc cannot be loaded");
+        return;
+    }
+    let program = &kernels::all_programs()[0];
+    // Swap the first two fields' C types: `long long l_base` becomes a 4-byte int, shifting
+    // every later field.
+    let drifted = program
+        .source
+        .replacen("    long long l_base;", "    int l_base;", 1);
+    assert_ne!(
+        drifted, program.source,
+        "the declaration to alter was not found"
+    );
+    let err = kernels::compile(&drifted, "drifted", "compute_90")
+        .expect_err("a drifted layout must not compile");
+    assert!(err.to_string().contains("layout differs"), "{err}");
 }

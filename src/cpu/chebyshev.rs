@@ -1,4 +1,6 @@
-//! Chebyshev, the one metric that is a max over the union of columns, not a foldable sum.
+//! The max-reduced metrics (chebyshev): a max over the union of columns, not a foldable sum. The
+//! term is the definition's `exact_term`; the strategy relies on `term(x, 0) = |x|` and
+//! `term(0, y) = |y|` (see `Reduction::Max`).
 //!
 //! For a left row X and a right row Y the distance is the largest of three maxima:
 //! - over X ∩ Y of |x − y|: accumulated through the postings of X's columns;
@@ -11,6 +13,7 @@
 //! So a left row costs its postings plus a few steps per right row, not every right nonzero.
 
 use super::index::CpuIndex;
+use crate::metric::Semiring;
 
 /// Scratch of one thread, reused across left rows.
 #[derive(Debug, Default)]
@@ -38,7 +41,8 @@ impl ChebyshevScratch {
 }
 
 /// Offers every kept right row's distance, in right-row order.
-pub(crate) fn chebyshev_row(
+pub(crate) fn chebyshev_row<S: Semiring>(
+    s: &S,
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
     skip: Option<usize>,
@@ -63,7 +67,7 @@ pub(crate) fn chebyshev_row(
                 ws.left_stamp[col as usize] = stamp;
                 ws.sorted.push((col, x));
             }
-            None => outside = outside.max((x as f64).abs()),
+            None => outside = outside.max(s.term(x as f64, 0.0)),
         }
     }
     ws.sorted
@@ -80,7 +84,7 @@ pub(crate) fn chebyshev_row(
         {
             // Branch-free: whether j holds every column so far is data, not predictable.
             let j = j as usize;
-            let d = (x - y as f64).abs();
+            let d = s.term(x, y as f64);
             shared[j] = if d > shared[j] { d } else { shared[j] };
             prefix[j] += (prefix[j] == t as u32) as u32;
         }
@@ -88,18 +92,18 @@ pub(crate) fn chebyshev_row(
 
     let left_stamp = &ws.left_stamp;
     for j in 0..index.rows {
-        let (s, p) = (shared[j], prefix[j] as usize);
+        let (shared_max, p) = (shared[j], prefix[j] as usize);
         shared[j] = 0.0;
         prefix[j] = 0;
         if !index.valid[j] || skip == Some(j) {
             continue;
         }
-        let mut m = outside.max(s);
+        let mut m = outside.max(shared_max);
         if let Some(&(_, x)) = ws.sorted.get(p) {
-            m = m.max((x as f64).abs());
+            m = m.max(s.term(x as f64, 0.0));
         }
         for q in index.row_ptr[j]..index.row_ptr[j + 1] {
-            let y = (index.row_vals[q] as f64).abs();
+            let y = s.term(0.0, index.row_vals[q] as f64);
             if y <= m {
                 break;
             }

@@ -11,10 +11,9 @@
 //! The kernel is compiled twice, for baseline x86-64 and for AVX2+FMA (chosen at run time), so the
 //! crate still runs on any x86-64 while the machines we run on get 256-bit vectors.
 
-use super::index::{shift_scale, CpuIndex, KeyForm, SPARSE};
-use super::probe::{PairList, Selection};
-use super::topk::TopK;
-use crate::metric::{MetricKind, RowTotals, Semiring};
+use super::index::{CpuIndex, SPARSE};
+use crate::join::{within, PairList, Selection, TopK};
+use crate::metric::{KeyForm, RowTotals, Semiring};
 
 /// Scratch of one thread, reused across left rows.
 #[derive(Debug, Default)]
@@ -151,20 +150,15 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
         Selection::Nearest(k) => {
             ws.topk.reset(k);
             select_nearest(s, index, &left_totals, acc0, acc1, &keep, &mut ws.topk);
-            let negate = index.metric.kind.is_similarity();
             for (d, j) in ws.topk.drain_sorted() {
-                out.left.push(left_row);
-                out.right.push(j);
-                out.distance.push(if negate { -d } else { d });
+                out.push(left_row, j, if S::SIMILARITY { -d } else { d });
             }
         }
         Selection::Within(radius) if index.key_form == KeyForm::Exact => {
             for j in 0..n {
                 let d = finish(j, acc0, acc1);
-                if index.metric.within(d, radius) && keep(j) {
-                    out.left.push(left_row);
-                    out.right.push(j as u32);
-                    out.distance.push(d);
+                if within(S::SIMILARITY, d, radius) && keep(j) {
+                    out.push(left_row, j as u32, d);
                 }
             }
         }
@@ -172,7 +166,7 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
             // Being within the radius is closed downwards in filter order (the distance, negated
             // for a similarity, never decreases with the filter), so once a row at filter f is
             // outside, no row at f or above needs finishing.
-            let left = FilterLeft::new(index.metric.kind, &left_totals);
+            let left = FilterLeft::new(index.key_form, &left_totals);
             let mut outside_from = f64::INFINITY;
             let mut filter = [0.0f64; BLOCK];
             let mut start = 0;
@@ -193,11 +187,9 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
                         continue;
                     }
                     let d = finish(j, acc0, acc1);
-                    if index.metric.within(d, radius) {
+                    if within(S::SIMILARITY, d, radius) {
                         if keep(j) {
-                            out.left.push(left_row);
-                            out.right.push(j as u32);
-                            out.distance.push(d);
+                            out.push(left_row, j as u32, d);
                         }
                     } else if !d.is_nan() {
                         outside_from = f;
@@ -261,11 +253,14 @@ pub(crate) struct FilterLeft {
 }
 
 impl FilterLeft {
-    pub(crate) fn new(kind: MetricKind, totals: &RowTotals) -> Self {
+    pub(crate) fn new(form: KeyForm, totals: &RowTotals) -> Self {
         Self {
             total: totals.t0,
             norm: totals.t0.sqrt(),
-            scale: shift_scale(kind),
+            scale: match form {
+                KeyForm::Shifted { scale } => scale,
+                _ => 1.0,
+            },
         }
     }
 }
@@ -280,7 +275,7 @@ pub(crate) fn filter_value(form: KeyForm, acc: f64, base: f64, left: FilterLeft)
         // finish: 1 for a zero row on either side, as for acc = 0.
         KeyForm::Quotient if base == 0.0 || left.norm == 0.0 => 0.0,
         KeyForm::Quotient => -(acc / (left.norm * base)),
-        KeyForm::Shifted => (left.total + base) * left.scale + acc,
+        KeyForm::Shifted { .. } => (left.total + base) * left.scale + acc,
         KeyForm::Exact => unreachable!("the exact form filters by the distance"),
     }
 }
@@ -300,7 +295,7 @@ fn fill_filters(form: KeyForm, acc: &[f64], base: &[f64], left: FilterLeft, out:
     match form {
         KeyForm::Negated => fill!(KeyForm::Negated),
         KeyForm::Quotient => fill!(KeyForm::Quotient),
-        KeyForm::Shifted => fill!(KeyForm::Shifted),
+        KeyForm::Shifted { scale } => fill!(KeyForm::Shifted { scale }),
         KeyForm::Exact => unreachable!("the exact form filters by the distance"),
     }
 }
@@ -324,8 +319,8 @@ fn select_nearest<S: Semiring>(
     let n = index.rows;
     let base = &index.key_base[..];
     let totals = &index.totals[..n];
-    let negate = index.metric.kind.is_similarity();
-    let left = FilterLeft::new(index.metric.kind, left_totals);
+    let negate = S::SIMILARITY;
+    let left = FilterLeft::new(index.key_form, left_totals);
     let finish = |j: usize| {
         let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
         let d = s.finish(acc0[j], a1, left_totals, &totals[j]);

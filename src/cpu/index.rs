@@ -9,7 +9,8 @@
 
 use std::collections::HashMap;
 
-use crate::metric::{with_semiring, Metric, MetricKind, RowTotals, Semiring};
+use super::probe::CpuKernels;
+use crate::metric::{with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring};
 use crate::vector::SparseBatch;
 
 /// A column held by at least `rows / DENSE_RATIO` rows is stored dense. At that density a dense
@@ -22,57 +23,6 @@ const DENSE_MIN_ROWS: usize = 256;
 
 /// `dense_slot` of a column stored as postings.
 pub(crate) const SPARSE: u32 = u32::MAX;
-
-/// How the probe skips finishing most right rows: a cheap *filter* value per right row, computed
-/// from the accumulated sum and `key_base`, that is exactly the quantity the metric's `finish`
-/// then maps through a non-decreasing function (a sqrt, a clamp, a division by d, ...). So a row
-/// whose filter is not below that of the current k-th row cannot beat it, and only rows that pass
-/// are finished and ranked by their true distance (ties by row, as the contract says).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum KeyForm {
-    /// −acc: dot (a similarity, ranked by −acc), russellrao ((d − acc) / d).
-    Negated,
-    /// −acc / (‖x‖·‖y‖), base = ‖y‖ (0 for a zero row, whose distance is 1 as for acc = 0):
-    /// cosine, 1 − acc / (‖x‖‖y‖).
-    Quotient,
-    /// (left + base)·scale + acc, base the right row's total: the sum-folded distances, g(left +
-    /// right + acc) (euclidean, manhattan, minkowski, canberra, hamming, hellinger; js scales by
-    /// ln 2).
-    Shifted,
-    /// The distance itself: the rest.
-    Exact,
-}
-
-impl KeyForm {
-    fn of(kind: MetricKind) -> Self {
-        use MetricKind::*;
-        match kind {
-            Dot | RussellRao => KeyForm::Negated,
-            Cosine => KeyForm::Quotient,
-            Euclidean | SqEuclidean | Manhattan | Minkowski | Canberra | Hamming | Hellinger
-            | JensenShannon => KeyForm::Shifted,
-            Correlation | Jaccard | Dice | BrayCurtis | KlDivergence | Chebyshev => KeyForm::Exact,
-        }
-    }
-
-    /// The per right row constant: the same double the metric's `finish` computes from the totals.
-    pub(crate) fn base(self, totals: &RowTotals) -> f64 {
-        match self {
-            KeyForm::Negated | KeyForm::Exact => 0.0,
-            KeyForm::Quotient => totals.t0.sqrt(),
-            KeyForm::Shifted => totals.t0,
-        }
-    }
-}
-
-/// The factor of `(left + right)` in a [`KeyForm::Shifted`] metric's finish.
-pub(crate) fn shift_scale(kind: MetricKind) -> f64 {
-    if kind == MetricKind::JensenShannon {
-        std::f64::consts::LN_2
-    } else {
-        1.0
-    }
-}
 
 /// Maps a column index to a dense column id of the build side.
 #[derive(Debug)]
@@ -96,7 +46,10 @@ impl ColumnMap {
 /// The right side of a join, built once and shared by every left batch.
 #[derive(Debug)]
 pub struct CpuIndex {
-    pub(crate) metric: Metric,
+    /// The metric's loops, compiled for its [`Semiring`] (see `probe`).
+    pub(crate) kernels: Box<dyn CpuKernels>,
+    /// A max over the union (chebyshev): its own strategy, not the folded one.
+    pub(crate) max_reduction: bool,
     pub(crate) rows: usize,
     pub(crate) valid: Vec<bool>,
     pub(crate) totals: Vec<RowTotals>,
@@ -118,13 +71,20 @@ pub struct CpuIndex {
     pub(crate) row_ptr: Vec<usize>,
     pub(crate) row_cols: Vec<u32>,
     pub(crate) row_vals: Vec<f32>,
-    /// Minkowski only: the right rows themselves, to recompute candidate pairs exactly.
+    /// Metrics whose folded sum cancels (those with an exact union term: minkowski): the right
+    /// rows themselves, to recompute candidate pairs exactly.
     pub(crate) exact_rows: Option<SparseBatch>,
 }
 
 impl CpuIndex {
     pub fn build(right: &SparseBatch, metric: &Metric) -> Self {
+        with_semiring!(metric, s => Self::build_with(right, &s))
+    }
+
+    /// The index of `right` for any metric definition, including one defined outside the crate.
+    pub fn build_with<S: Semiring>(right: &SparseBatch, s: &S) -> Self {
         let rows = right.len();
+        let max_reduction = S::REDUCTION == Reduction::Max;
         let valid: Vec<bool> = (0..rows).map(|r| !right.is_null(r)).collect();
         let nnz = right.values().iter().filter(|v| **v != 0.0).count();
         let max_dim = right.max_dim();
@@ -145,22 +105,23 @@ impl CpuIndex {
             ColumnMap::Hashed(map) => map.len(),
         };
 
-        let totals = if metric.kind == MetricKind::Chebyshev {
+        let totals = if max_reduction {
             vec![RowTotals::default(); rows]
         } else {
-            with_semiring!(metric, s => (0..rows)
+            (0..rows)
                 .map(|r| {
                     let (_, v) = right.row(r);
                     s.totals(v.iter().copied().filter(|x| *x != 0.0))
                 })
-                .collect())
+                .collect()
         };
 
-        let key_form = KeyForm::of(metric.kind);
+        let key_form = S::KEY;
         let key_base = totals.iter().map(|t| key_form.base(t)).collect();
 
         let mut index = CpuIndex {
-            metric: *metric,
+            kernels: Box::new(*s),
+            max_reduction,
             rows,
             valid,
             totals,
@@ -176,14 +137,12 @@ impl CpuIndex {
             row_ptr: Vec::new(),
             row_cols: Vec::new(),
             row_vals: Vec::new(),
-            exact_rows: (metric.kind == MetricKind::Minkowski && metric.p > 1.0)
-                .then(|| right.clone()),
+            exact_rows: (!max_reduction && s.has_exact_term()).then(|| right.clone()),
         };
-        // Chebyshev needs every column as postings: it tracks per right row which left columns it
-        // holds, which a dense pass would do no faster.
-        let chebyshev = metric.kind == MetricKind::Chebyshev;
-        index.build_columns(right, !chebyshev);
-        if chebyshev {
+        // A max reduction needs every column as postings: it tracks per right row which left
+        // columns it holds, which a dense pass would do no faster.
+        index.build_columns(right, !max_reduction);
+        if max_reduction {
             index.build_rows(right, nnz);
         }
         index
@@ -272,10 +231,6 @@ impl CpuIndex {
         self.rows
     }
 
-    pub fn metric(&self) -> &Metric {
-        &self.metric
-    }
-
     /// Columns stored dense (for diagnostics and benchmarks).
     pub fn dense_columns(&self) -> usize {
         self.dense_vals.len().checked_div(self.rows).unwrap_or(0)
@@ -302,7 +257,7 @@ impl CpuIndex {
 
     /// Working memory per CPU thread while probing.
     pub fn workspace_size(&self) -> usize {
-        if self.metric.kind == MetricKind::Chebyshev {
+        if self.max_reduction {
             self.rows * 12 + self.column_count * 4
         } else {
             self.rows * 16

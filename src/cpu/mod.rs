@@ -1,13 +1,57 @@
-//! The CPU backend: an inverted index of the build side and a parallel probe with fused top-k.
+//! The CPU backend: an inverted index of the build side and a parallel probe with fused top-k,
+//! generic over the metric definitions of `src/metric`.
 
 mod chebyshev;
 mod folded;
 mod index;
 mod probe;
-mod topk;
 
+use std::time::Instant;
+
+use datafusion::common::Result;
+
+pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use index::CpuIndex;
-pub use probe::{probe, PairList, ProbeOptions, Selection};
+pub use probe::probe;
+
+use crate::join::{Backend, JoinIndex, Probed};
+use crate::metric::Metric;
+use crate::vector::SparseBatch;
+
+/// Joins on all CPU cores.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CpuBackend;
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn build(&self, right: &SparseBatch, metric: &Metric) -> Result<Box<dyn JoinIndex>> {
+        Ok(Box::new(CpuIndex::build(right, metric)))
+    }
+}
+
+impl JoinIndex for CpuIndex {
+    fn probe(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> Result<Probed> {
+        let started = Instant::now();
+        let pairs = probe(self, left, selection, options);
+        Ok(Probed {
+            pairs,
+            compute_time: started.elapsed(),
+            bytes_to_device: 0,
+        })
+    }
+
+    fn memory_size(&self) -> usize {
+        CpuIndex::memory_size(self) + self.workspace_size() * rayon::current_num_threads()
+    }
+}
 
 #[cfg(test)]
 mod tests;

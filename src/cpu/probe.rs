@@ -10,69 +10,49 @@ use rayon::prelude::*;
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::CpuIndex;
-use super::topk::TopK;
-use crate::metric::{with_semiring, MetricKind, Semiring};
+use crate::join::{within, PairList, ProbeOptions, Selection, TopK};
+use crate::metric::{row_distance, Reduction, Semiring};
 use crate::vector::SparseBatch;
-
-/// Pairs produced for one left batch, ordered by left row, then by rank (knn) or right row (radius).
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct PairList {
-    /// Row of the left batch (0-based within the batch).
-    pub left: Vec<u32>,
-    /// Row of the build side (0-based over all right rows).
-    pub right: Vec<u32>,
-    pub distance: Vec<f64>,
-}
-
-impl PairList {
-    pub fn len(&self) -> usize {
-        self.left.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.left.is_empty()
-    }
-
-    /// 1-based rank of each pair within its left row (for knn results).
-    pub fn ranks(&self) -> Vec<i32> {
-        let mut ranks = Vec::with_capacity(self.len());
-        for i in 0..self.len() {
-            let r = if i > 0 && self.left[i - 1] == self.left[i] {
-                ranks[i - 1] + 1
-            } else {
-                1
-            };
-            ranks.push(r);
-        }
-        ranks
-    }
-
-    fn append(&mut self, mut other: PairList) {
-        self.left.append(&mut other.left);
-        self.right.append(&mut other.right);
-        self.distance.append(&mut other.distance);
-    }
-}
-
-/// What to keep of each left row's distances.
-#[derive(Debug, Clone, Copy)]
-pub enum Selection {
-    Nearest(usize),
-    Within(f64),
-}
-
-/// How left rows relate to right rows for `exclude_self`.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ProbeOptions {
-    /// When set, the left batch's row `i` sits at position `first_row + i` of the self-joined
-    /// input, and the right row at that same position is skipped.
-    pub exclude_self_from: Option<u64>,
-}
 
 /// Rows per parallel task: small enough to balance skewed degrees across cores.
 const ROWS_PER_TASK: usize = 8;
 
+/// The probe of an index, compiled for the index's metric: the index keeps it behind this trait
+/// so that it needs no type parameter, and the loops inside are still monomorphised per metric.
+pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
+    fn probe(
+        &self,
+        index: &CpuIndex,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> PairList;
+}
+
+impl<S: Semiring> CpuKernels for S {
+    fn probe(
+        &self,
+        index: &CpuIndex,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> PairList {
+        probe_with(self, index, left, selection, options)
+    }
+}
+
+/// Every pair of `left` against `index` that `selection` keeps.
 pub fn probe(
+    index: &CpuIndex,
+    left: &SparseBatch,
+    selection: Selection,
+    options: ProbeOptions,
+) -> PairList {
+    index.kernels.probe(index, left, selection, options)
+}
+
+fn probe_with<S: Semiring>(
+    s: &S,
     index: &CpuIndex,
     left: &SparseBatch,
     selection: Selection,
@@ -82,7 +62,7 @@ pub fn probe(
     let chunks: Vec<PairList> = (0..rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
         .map_init(
-            || Workspace::new(index),
+            || Workspace::new::<S>(index),
             |ws, chunk| {
                 let start = chunk * ROWS_PER_TASK;
                 let end = (start + ROWS_PER_TASK).min(rows);
@@ -91,13 +71,10 @@ pub fn probe(
                     if left.is_null(row) {
                         continue;
                     }
-                    let skip = options
-                        .exclude_self_from
-                        .map(|first| first + row as u64)
-                        .filter(|&p| p < index.rows as u64)
-                        .map(|p| p as usize);
+                    let skip = options.excluded_right_row(row, index.rows);
                     match &index.exact_rows {
                         None => probe_row(
+                            s,
                             index,
                             left.row(row),
                             row as u32,
@@ -107,6 +84,7 @@ pub fn probe(
                             &mut out,
                         ),
                         Some(right) => refined_row(
+                            s,
                             index,
                             right,
                             left.row(row),
@@ -133,11 +111,12 @@ pub fn probe(
 /// ranks slightly wrong (it cancels) can still make the final k.
 const REFINE_EXTRA: usize = 16;
 
-/// Minkowski with p > 1 cancels in its folded form when both rows hold large, nearly equal
-/// values (Σ|x|ᵖ + Σ|y|ᵖ dwarfs the true Σ|x−y|ᵖ): the folded probe proposes candidates and each
-/// proposed pair is recomputed exactly over the union of the two rows.
+/// A metric whose folded form cancels when both rows hold large, nearly equal values (minkowski:
+/// Σ|x|ᵖ + Σ|y|ᵖ dwarfs the true Σ|x−y|ᵖ) gives an exact union term: the folded probe proposes
+/// candidates and each proposed pair is recomputed exactly over the union of the two rows.
 #[allow(clippy::too_many_arguments)]
-fn refined_row(
+fn refined_row<S: Semiring>(
+    s: &S,
     index: &CpuIndex,
     right: &SparseBatch,
     row: (&[i32], &[f32]),
@@ -153,23 +132,21 @@ fn refined_row(
         // The folded distance of a pair right at the radius can land just outside it.
         Selection::Within(radius) => Selection::Within(radius * (1.0 + 1e-3) + 1e-9),
     };
-    probe_row(index, row, left_row, skip, wide, ws, &mut candidates);
+    probe_row(s, index, row, left_row, skip, wide, ws, &mut candidates);
     let mut pairs: Vec<(f64, u32)> = candidates
         .right
         .iter()
-        .map(|&j| (index.metric.distance(row, right.row(j as usize)), j))
+        .map(|&j| (row_distance(s, row, right.row(j as usize)), j))
         .collect();
     match selection {
         Selection::Nearest(k) => {
             pairs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
             pairs.truncate(k);
         }
-        Selection::Within(radius) => pairs.retain(|&(d, _)| index.metric.within(d, radius)),
+        Selection::Within(radius) => pairs.retain(|&(d, _)| within(S::SIMILARITY, d, radius)),
     }
     for (d, j) in pairs {
-        out.left.push(left_row);
-        out.right.push(j);
-        out.distance.push(d);
+        out.push(left_row, j, d);
     }
 }
 
@@ -181,46 +158,25 @@ struct Workspace {
 }
 
 impl Workspace {
-    fn new(index: &CpuIndex) -> Self {
-        if index.metric.kind == MetricKind::Chebyshev {
+    fn new<S: Semiring>(index: &CpuIndex) -> Self {
+        if S::REDUCTION == Reduction::Max {
             return Workspace {
                 folded: FoldedScratch::default(),
                 chebyshev: ChebyshevScratch::new(index),
                 topk: TopK::default(),
             };
         }
-        let two = with_semiring!(index.metric, s => needs_second(&s));
         Workspace {
-            folded: FoldedScratch::new(index.rows, two),
+            folded: FoldedScratch::new(index.rows, S::TWO_ACCUMULATORS),
             chebyshev: ChebyshevScratch::default(),
             topk: TopK::default(),
         }
     }
 }
 
-fn needs_second<S: Semiring>(_: &S) -> bool {
-    S::TWO_ACCUMULATORS
-}
-
-/// Whether the folded `pair(x, 0)` is exactly 0 and cheap, so a dense column (zeros where a right
-/// row lacks it) can be added without testing each value. For the others a zero must be skipped:
-/// their pair assumes both sides nonzero (canberra, the set metrics, kl, js) or is costly enough
-/// (powf) that skipping the zeros wins.
-fn pair_vanishes(kind: MetricKind) -> bool {
-    matches!(
-        kind,
-        MetricKind::Dot
-            | MetricKind::Cosine
-            | MetricKind::Euclidean
-            | MetricKind::SqEuclidean
-            | MetricKind::Correlation
-            | MetricKind::Manhattan
-            | MetricKind::BrayCurtis
-            | MetricKind::Hellinger
-    )
-}
-
-fn probe_row(
+#[allow(clippy::too_many_arguments)]
+fn probe_row<S: Semiring>(
+    s: &S,
     index: &CpuIndex,
     row: (&[i32], &[f32]),
     left_row: u32,
@@ -229,15 +185,13 @@ fn probe_row(
     ws: &mut Workspace,
     out: &mut PairList,
 ) {
-    let metric = index.metric;
-    if metric.kind != MetricKind::Chebyshev {
+    if S::REDUCTION == Reduction::Sum {
         let scratch = &mut ws.folded;
-        let masked = !pair_vanishes(metric.kind);
-        with_semiring!(metric, s => if masked {
-            folded_row::<_, true>(&s, index, row, left_row, skip, selection, scratch, out)
+        if S::PAIR_VANISHES {
+            folded_row::<_, false>(s, index, row, left_row, skip, selection, scratch, out)
         } else {
-            folded_row::<_, false>(&s, index, row, left_row, skip, selection, scratch, out)
-        });
+            folded_row::<_, true>(s, index, row, left_row, skip, selection, scratch, out)
+        }
         return;
     }
     if let Selection::Nearest(k) = selection {
@@ -247,19 +201,15 @@ fn probe_row(
     let offer = |j: usize, d: f64| match selection {
         Selection::Nearest(_) => topk.push(d, j as u32),
         Selection::Within(radius) => {
-            if metric.within(d, radius) {
-                out.left.push(left_row);
-                out.right.push(j as u32);
-                out.distance.push(d);
+            if within(S::SIMILARITY, d, radius) {
+                out.push(left_row, j as u32, d);
             }
         }
     };
-    chebyshev_row(index, row, skip, &mut ws.chebyshev, offer);
+    chebyshev_row(s, index, row, skip, &mut ws.chebyshev, offer);
     if let Selection::Nearest(_) = selection {
         for (key, j) in ws.topk.drain_sorted() {
-            out.left.push(left_row);
-            out.right.push(j);
-            out.distance.push(key);
+            out.push(left_row, j, key);
         }
     }
 }

@@ -260,7 +260,7 @@ fn radius_matches_brute_force_for_every_metric() {
 #[test]
 fn distance_never_decreases_with_the_filter_value() {
     use super::folded::{filter_value, FilterLeft};
-    use super::index::KeyForm;
+    use crate::metric::KeyForm;
     use crate::metric::{with_semiring, Semiring};
 
     for metric in metrics() {
@@ -273,7 +273,7 @@ fn distance_never_decreases_with_the_filter_value() {
         with_semiring!(metric, s => {
             for x in data.iter().take(20).flatten() {
                 let tx = s.totals(x.iter().map(|e| e.1));
-                let left = FilterLeft::new(metric.kind, &tx);
+                let left = FilterLeft::new(index_form, &tx);
                 let mut pairs: Vec<(f64, f64)> = data
                     .iter()
                     .flatten()

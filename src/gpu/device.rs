@@ -1,4 +1,5 @@
-//! Device discovery, one CUDA context per device, and the kernels compiled once per device.
+//! Device discovery, one CUDA context per device, and each metric's module compiled once per
+//! device.
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -8,7 +9,7 @@ use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
 use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
 
-use super::kernels;
+use super::kernels::{self, MetricProgram};
 
 /// Turns a driver error into a DataFusion error that says what was being done.
 pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionError + '_ {
@@ -26,8 +27,9 @@ pub(crate) struct Device {
     pub smem_optin: u32,
     pub smem_per_sm: u32,
     pub arch: String,
-    module: OnceLock<std::result::Result<Arc<CudaModule>, String>>,
-    functions: Mutex<HashMap<String, CudaFunction>>,
+    /// Per metric module (keyed by a hash of its source): the loaded module or why it failed.
+    modules: Mutex<HashMap<u64, std::result::Result<Arc<CudaModule>, String>>>,
+    functions: Mutex<HashMap<(u64, &'static str), CudaFunction>>,
     /// Probes of different operators share the device: one at a time.
     pub lock: Mutex<()>,
 }
@@ -125,7 +127,7 @@ fn open(ordinal: usize) -> Result<Device> {
             ctx,
             stream,
             ordinal,
-            module: OnceLock::new(),
+            modules: Mutex::new(HashMap::new()),
             functions: Mutex::new(HashMap::new()),
             lock: Mutex::new(()),
         })
@@ -133,11 +135,17 @@ fn open(ordinal: usize) -> Result<Device> {
 }
 
 impl Device {
-    /// The kernels, compiled with NVRTC for this device's architecture on first use.
-    fn module(&self) -> Result<Arc<CudaModule>> {
-        self.module
-            .get_or_init(|| {
-                let ptx = kernels::compile(&self.arch).map_err(|e| e.to_string())?;
+    /// The module of `program`, compiled with NVRTC for this device's architecture on first use.
+    fn module(&self, key: u64, program: &MetricProgram) -> Result<Arc<CudaModule>> {
+        let mut modules = self
+            .modules
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        modules
+            .entry(key)
+            .or_insert_with(|| {
+                let ptx = kernels::compile(&program.source, program.name, &self.arch)
+                    .map_err(|e| e.to_string())?;
                 guarded("loading the kernels", || {
                     self.ctx
                         .load_module(ptx)
@@ -149,20 +157,31 @@ impl Device {
             .map_err(|e| exec_datafusion_err!("{e}"))
     }
 
-    /// A kernel of the module, allowed `smem` bytes of dynamic shared memory.
-    pub fn function(&self, name: &str, smem: u32) -> Result<CudaFunction> {
-        let module = self.module()?;
+    /// Kernel `name` of `program`'s module, allowed `smem` bytes of dynamic shared memory.
+    pub fn function(
+        &self,
+        program: &MetricProgram,
+        name: &'static str,
+        smem: u32,
+    ) -> Result<CudaFunction> {
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            program.source.hash(&mut h);
+            h.finish()
+        };
+        let module = self.module(key, program)?;
         let mut cache = self
             .functions
             .lock()
             .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        let f = match cache.get(name) {
+        let f = match cache.get(&(key, name)) {
             Some(f) => f.clone(),
             None => {
                 let f = module
                     .load_function(name)
                     .map_err(cuda_err("finding a kernel"))?;
-                cache.insert(name.to_string(), f.clone());
+                cache.insert((key, name), f.clone());
                 f
             }
         };

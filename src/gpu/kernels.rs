@@ -1,22 +1,72 @@
-//! The CUDA C sources of `kernels/`, embedded in the binary and compiled at run time with NVRTC.
+//! The CUDA module of one metric: the prelude and generic kernels of `kernels/` (embedded in the
+//! binary), the argument structs generated from [`super::args`], and the metric's `MetricDef`
+//! generated from its definition in `src/metric`; compiled at run time with NVRTC.
 
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use datafusion::common::{exec_datafusion_err, Result};
 
-use crate::metric::MetricKind;
+use super::args::{FoldedArgs, MaxArgs};
+use crate::metric::cuda::cuda_definition;
+use crate::metric::{Params, Reduction, Semiring};
 
-/// The metric definitions first, then the kernels that use them (NVRTC sees one translation unit,
-/// so no include paths are needed).
-pub const KERNEL_SOURCE: &str = concat!(
-    include_str!("../../kernels/semiring.cuh"),
-    "\n",
-    include_str!("../../kernels/knn.cu")
-);
+const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
+const KERNELS: &str = include_str!("../../kernels/knn.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
 pub(crate) const FOLDED_THREADS: u32 = 512;
-/// Threads per block of the chebyshev kernels.
-pub(crate) const CHEBYSHEV_THREADS: u32 = 256;
+/// Threads per block of the max-reduction kernels.
+pub(crate) const MAX_THREADS: u32 = 256;
+
+/// What the GPU backend needs of a metric: its module source and the facts that size buffers.
+#[derive(Debug, Clone)]
+pub struct MetricProgram {
+    pub name: &'static str,
+    /// The whole translation unit NVRTC compiles (also the module cache key).
+    pub source: String,
+    pub params: Params,
+    pub max_reduction: bool,
+    pub similarity: bool,
+    pub acc_f64: bool,
+    pub two_accumulators: bool,
+}
+
+impl MetricProgram {
+    pub fn of<S: Semiring>(s: &S) -> Self {
+        MetricProgram {
+            name: S::NAME,
+            source: module_source::<S>(),
+            params: s.params(),
+            max_reduction: S::REDUCTION == Reduction::Max,
+            similarity: S::SIMILARITY,
+            acc_f64: S::GPU_ACC_F64,
+            two_accumulators: S::TWO_ACCUMULATORS,
+        }
+    }
+
+    /// The entry points of this module.
+    pub fn kernel_names(&self) -> [&'static str; 2] {
+        if self.max_reduction {
+            ["maxred_knn", "maxred_radius"]
+        } else {
+            ["folded_knn", "folded_radius"]
+        }
+    }
+
+    /// Accumulator bytes per right row of a tile.
+    pub(crate) fn acc_bytes(&self) -> usize {
+        (if self.acc_f64 { 8 } else { 4 }) * (if self.two_accumulators { 2 } else { 1 })
+    }
+}
+
+/// The translation unit of metric `S`.
+pub fn module_source<S: Semiring>() -> String {
+    format!(
+        "{PRELUDE}\n{}\n{}\n{}\n{KERNELS}",
+        FoldedArgs::cuda_declaration(),
+        MaxArgs::cuda_declaration(),
+        cuda_definition::<S>()
+    )
+}
 
 /// Whether NVRTC (libnvrtc) can be loaded; cudarc panics on a missing library, so ask first.
 pub fn nvrtc_available() -> bool {
@@ -24,9 +74,9 @@ pub fn nvrtc_available() -> bool {
     unsafe { cudarc::nvrtc::sys::is_culib_present() }
 }
 
-/// Compiles every kernel for the virtual architecture `compute_XY` (e.g. "compute_90"); the
-/// driver turns the PTX into the device's own machine code when the module is loaded.
-pub fn compile(arch: &str) -> Result<Ptx> {
+/// Compiles a module for the virtual architecture `compute_XY` (e.g. "compute_90"); the driver
+/// turns the PTX into the device's own machine code when the module is loaded.
+pub fn compile(source: &str, name: &str, arch: &str) -> Result<Ptx> {
     if !nvrtc_available() {
         return Err(exec_datafusion_err!(
             "GPU: NVRTC (libnvrtc.so) cannot be loaded; install the CUDA runtime compiler \
@@ -38,13 +88,13 @@ pub fn compile(arch: &str) -> Result<Ptx> {
             format!("--gpu-architecture={arch}"),
             "--std=c++17".to_string(),
         ],
-        name: Some("sparse_knn_kernels.cu".to_string()),
+        name: Some(format!("sparse_knn_{name}.cu")),
         ..Default::default()
     };
-    compile_ptx_with_opts(KERNEL_SOURCE, opts).map_err(|e| match e {
+    compile_ptx_with_opts(source, opts).map_err(|e| match e {
         cudarc::nvrtc::CompileError::CompileError { log, .. } => {
             exec_datafusion_err!(
-                "GPU: NVRTC failed to compile the kernels:\n{}",
+                "GPU: NVRTC failed to compile the kernels of metric {name}:\n{}",
                 log.to_string_lossy()
             )
         }
@@ -52,36 +102,13 @@ pub fn compile(arch: &str) -> Result<Ptx> {
     })
 }
 
-/// Every entry point of the module (the nvrtc test checks each is present in the PTX).
-pub fn kernel_names() -> Vec<String> {
-    let mut names = vec!["chebyshev_knn".to_string(), "chebyshev_radius".to_string()];
-    for kind in MetricKind::all().filter(|k| *k != MetricKind::Chebyshev) {
-        names.push(format!("{}_knn", kernel_stem(kind)));
-        names.push(format!("{}_radius", kernel_stem(kind)));
-    }
-    names
-}
-
-/// The name stem of a metric's kernels (its canonical name).
-pub(crate) fn kernel_stem(kind: MetricKind) -> &'static str {
-    kind.name()
-}
-
-/// Whether the folded kernel of `kind` accumulates in float64 (see the FOLDED list in knn.cu):
-/// the right side's totals are stored in the same type.
-pub(crate) fn accumulates_in_f64(kind: MetricKind) -> bool {
-    matches!(
-        kind,
-        MetricKind::Manhattan
-            | MetricKind::Minkowski
-            | MetricKind::Canberra
-            | MetricKind::BrayCurtis
-            | MetricKind::Hellinger
-            | MetricKind::JensenShannon
-    )
-}
-
-/// Whether the folded kernel keeps a second accumulator per right row.
-pub(crate) fn two_accumulators(kind: MetricKind) -> bool {
-    matches!(kind, MetricKind::BrayCurtis | MetricKind::KlDivergence)
+/// Every metric's program (for the NVRTC test and diagnostics).
+pub fn all_programs() -> Vec<MetricProgram> {
+    use crate::metric::{Metric, MetricKind};
+    MetricKind::all()
+        .map(|kind| {
+            let metric = Metric::from_kind(kind, None, Some(1)).expect("valid defaults");
+            crate::with_semiring!(metric, s => MetricProgram::of(&s))
+        })
+        .collect()
 }

@@ -1,19 +1,108 @@
-//! The 16 metrics of the SPEC, each defined once as a semiring that both backends use.
+//! The 16 metrics of the SPEC, each defined once ([`catalog`]) as a semiring that both backends
+//! use: the CPU backend runs the definitions' Rust functions, the GPU backend compiles the CUDA
+//! that [`cuda`] generates from the same formula text.
 //!
 //! Every metric except chebyshev is written in *folded* form: a per-row total for each side plus
 //! a sum over the columns where both vectors are nonzero. For sum-reduced union (NAMM) metrics
 //! this is exact, since `Σ_{X∪Y} f(x,y) = Σ_X f(x,0) + Σ_Y f(0,y) + Σ_{X∩Y} (f(x,y) - f(x,0) - f(0,y))`,
 //! so the union semiring of the paper costs no more than a sparse dot product. Chebyshev (a max,
-//! not a sum) needs the true union and has its own path.
+//! not a sum) needs the true union and has its own strategy in each backend.
 
-mod semiring;
+mod catalog;
+pub mod cuda;
+pub mod define;
+pub mod math;
 
-pub use semiring::*;
+pub use catalog::*;
+pub use define::{KeyForm, Params, Reduction, RowTotals, Semiring, Source};
 
 use std::fmt;
 use std::str::FromStr;
 
 use datafusion::common::{plan_err, DataFusionError, Result};
+
+/// Runs `$body` with `$s` bound to the [`Semiring`] of `$metric` (a [`Metric`]): the one place
+/// where a metric chosen at run time becomes a type, so the backends' loops are compiled per
+/// metric.
+#[macro_export]
+macro_rules! with_semiring {
+    ($metric:expr, $s:ident => $body:expr) => {{
+        use $crate::metric as m;
+        let metric: &m::Metric = &$metric;
+        let prm = metric.params();
+        match metric.kind {
+            m::MetricKind::Dot => {
+                let $s = m::Dot(prm);
+                $body
+            }
+            m::MetricKind::Cosine => {
+                let $s = m::Cosine(prm);
+                $body
+            }
+            m::MetricKind::Euclidean => {
+                let $s = m::Euclidean(prm);
+                $body
+            }
+            m::MetricKind::SqEuclidean => {
+                let $s = m::SqEuclidean(prm);
+                $body
+            }
+            m::MetricKind::Manhattan => {
+                let $s = m::Manhattan(prm);
+                $body
+            }
+            m::MetricKind::Chebyshev => {
+                let $s = m::Chebyshev(prm);
+                $body
+            }
+            m::MetricKind::Minkowski => {
+                let $s = m::Minkowski(prm);
+                $body
+            }
+            m::MetricKind::Canberra => {
+                let $s = m::Canberra(prm);
+                $body
+            }
+            m::MetricKind::BrayCurtis => {
+                let $s = m::BrayCurtis(prm);
+                $body
+            }
+            m::MetricKind::Hamming => {
+                let $s = m::Hamming(prm);
+                $body
+            }
+            m::MetricKind::Jaccard => {
+                let $s = m::Jaccard(prm);
+                $body
+            }
+            m::MetricKind::Dice => {
+                let $s = m::Dice(prm);
+                $body
+            }
+            m::MetricKind::RussellRao => {
+                let $s = m::RussellRao(prm);
+                $body
+            }
+            m::MetricKind::Correlation => {
+                let $s = m::Correlation(prm);
+                $body
+            }
+            m::MetricKind::Hellinger => {
+                let $s = m::Hellinger(prm);
+                $body
+            }
+            m::MetricKind::JensenShannon => {
+                let $s = m::JensenShannon(prm);
+                $body
+            }
+            m::MetricKind::KlDivergence => {
+                let $s = m::KlDivergence(prm);
+                $body
+            }
+        }
+    }};
+}
+pub use with_semiring;
 
 /// Which metric, without its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -189,38 +278,54 @@ impl Metric {
         }
     }
 
+    /// The parameters the formulas read (`prm.p`, `prm.d`).
+    pub fn params(&self) -> Params {
+        Params {
+            p: self.p,
+            d: self.dim.unwrap_or(1) as f64,
+        }
+    }
+
     /// The distance between two sparse rows (indices need not be sorted). Used row by row by
     /// `sparse_distance`; the join kernels compute the same semiring in bulk.
     pub fn distance(&self, a: (&[i32], &[f32]), b: (&[i32], &[f32])) -> f64 {
-        let a = sorted_nonzeros(a);
-        let b = sorted_nonzeros(b);
-        match self.kind {
-            MetricKind::Chebyshev => chebyshev_sorted(&a, &b),
-            // The folded minkowski form cancels (Σ|x|ᵖ + Σ|y|ᵖ − …) for near-equal rows of large
-            // values; row by row, the union walk costs no more and is exact.
-            MetricKind::Minkowski => minkowski_sorted(&a, &b, self.p),
-            _ => with_semiring!(self, s => {
-                let ta = s.totals(a.iter().map(|e| e.1));
-                let tb = s.totals(b.iter().map(|e| e.1));
-                let (mut acc0, mut acc1) = (0.0, 0.0);
-                let (mut i, mut j) = (0, 0);
-                while i < a.len() && j < b.len() {
-                    match a[i].0.cmp(&b[j].0) {
-                        std::cmp::Ordering::Less => i += 1,
-                        std::cmp::Ordering::Greater => j += 1,
-                        std::cmp::Ordering::Equal => {
-                            let (c0, c1) = s.pair(a[i].1, b[j].1);
-                            acc0 += c0;
-                            acc1 += c1;
-                            i += 1;
-                            j += 1;
-                        }
-                    }
-                }
-                s.finish(acc0, acc1, &ta, &tb)
-            }),
+        with_semiring!(self, s => row_distance(&s, a, b))
+    }
+}
+
+/// One pair of rows by a metric's definition: over the union with the exact term where the
+/// definition has one (max-reduced metrics, and sum metrics whose folded form cancels), else by
+/// the folded form over the intersection.
+pub fn row_distance<S: Semiring>(s: &S, a: (&[i32], &[f32]), b: (&[i32], &[f32])) -> f64 {
+    let a = sorted_nonzeros(a);
+    let b = sorted_nonzeros(b);
+    if s.has_exact_term() {
+        let zero = RowTotals::default();
+        let terms = union_pairs(&a, &b).map(|(x, y)| s.term(x, y));
+        let reduced = match S::REDUCTION {
+            Reduction::Sum => terms.sum(),
+            Reduction::Max => terms.fold(0.0, f64::max),
+        };
+        return s.finish(reduced, 0.0, &zero, &zero);
+    }
+    let ta = s.totals(a.iter().map(|e| e.1));
+    let tb = s.totals(b.iter().map(|e| e.1));
+    let (mut acc0, mut acc1) = (0.0, 0.0);
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].0.cmp(&b[j].0) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                let (c0, c1) = s.pair(a[i].1, b[j].1);
+                acc0 += c0;
+                acc1 += c1;
+                i += 1;
+                j += 1;
+            }
         }
     }
+    s.finish(acc0, acc1, &ta, &tb)
 }
 
 impl fmt::Display for Metric {
@@ -247,36 +352,23 @@ fn sorted_nonzeros((indices, values): (&[i32], &[f32])) -> Vec<(i32, f32)> {
     v
 }
 
-/// x_i − y_i over the union of two supports sorted by index (a missing side is 0).
-fn union_differences<'a>(
+/// (x_i, y_i) over the union of two supports sorted by index (a missing side is 0).
+fn union_pairs<'a>(
     a: &'a [(i32, f32)],
     b: &'a [(i32, f32)],
-) -> impl Iterator<Item = f64> + 'a {
+) -> impl Iterator<Item = (f64, f64)> + 'a {
     let (mut i, mut j) = (0, 0);
     std::iter::from_fn(move || {
         if j == b.len() || (i < a.len() && a[i].0 < b[j].0) {
             i += 1;
-            a.get(i - 1).map(|e| e.1 as f64)
+            a.get(i - 1).map(|e| (e.1 as f64, 0.0))
         } else if i == a.len() || b[j].0 < a[i].0 {
             j += 1;
-            Some(-(b[j - 1].1 as f64))
+            Some((0.0, b[j - 1].1 as f64))
         } else {
             i += 1;
             j += 1;
-            Some(a[i - 1].1 as f64 - b[j - 1].1 as f64)
+            Some((a[i - 1].1 as f64, b[j - 1].1 as f64))
         }
     })
-}
-
-/// (Σ |x_i − y_i|^p)^(1/p) over the union: exact where the folded form would cancel.
-fn minkowski_sorted(a: &[(i32, f32)], b: &[(i32, f32)], p: f64) -> f64 {
-    union_differences(a, b)
-        .map(|d| d.abs().powf(p))
-        .sum::<f64>()
-        .powf(1.0 / p)
-}
-
-/// max |x_i − y_i| over the union.
-fn chebyshev_sorted(a: &[(i32, f32)], b: &[(i32, f32)]) -> f64 {
-    union_differences(a, b).fold(0.0, |m, d| m.max(d.abs()))
 }

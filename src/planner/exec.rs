@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arrow::array::{
     ArrayRef, Float64Array, Int32Array, RecordBatch, RecordBatchOptions, UInt32Array,
@@ -32,8 +32,9 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::spec::{Device, JoinKind, JoinSpec, Layout};
-use crate::cpu::{self, CpuIndex, PairList, ProbeOptions};
-use crate::gpu::{GpuIndex, GpuOptions};
+use crate::cpu::CpuBackend;
+use crate::gpu::{GpuBackend, GpuOptions};
+use crate::join::{Backend, JoinIndex, PairList, ProbeOptions, Probed};
 use crate::vector::SparseBatch;
 
 type SharedBuild =
@@ -363,17 +364,10 @@ impl ExecutionPlan for SparseJoinExec {
 
 /// The right side, ready to probe.
 struct BuildSide {
-    index: BuildIndex,
+    index: Box<dyn JoinIndex>,
     /// The right input's other columns, all rows in order.
     others: RecordBatch,
     _reservation: MemoryReservation,
-}
-
-enum BuildIndex {
-    Cpu(Box<CpuIndex>),
-    // Probes of one device run one at a time; the mutex also spares the GPU backend from
-    // having to be Sync.
-    Gpu(Box<Mutex<GpuIndex>>),
 }
 
 /// Counters of the build, shown once per operator.
@@ -447,7 +441,7 @@ impl BuildJob {
         let right_schema = right.schema();
         let vector_name = right_schema.field(layout.right_vector).name().clone();
         let built = SpawnedTask::spawn_blocking(
-            move || -> Result<(BuildIndex, RecordBatch, usize, u64, usize)> {
+            move || -> Result<(Box<dyn JoinIndex>, RecordBatch, usize, u64, usize)> {
                 let check = spec.vector_check(&vector_name);
                 let mut vectors = Vec::with_capacity(batches.len());
                 let mut row = 0u64;
@@ -467,26 +461,16 @@ impl BuildJob {
                     .collect::<std::result::Result<Vec<_>, _>>()?;
                 let others = concat_batches(&others_schema, &projected)?;
                 drop(batches);
-                let (index, size, bytes) = match device {
-                    Device::Cpu => {
-                        let index = CpuIndex::build(&vectors, &spec.metric);
-                        let size = index.memory_size()
-                            + index.workspace_size() * rayon::current_num_threads();
-                        (BuildIndex::Cpu(Box::new(index)), size, 0)
-                    }
-                    Device::Gpu => {
-                        let options = GpuOptions {
+                let backend: Box<dyn Backend> = match device {
+                    Device::Cpu => Box::new(CpuBackend),
+                    Device::Gpu => Box::new(GpuBackend {
+                        options: GpuOptions {
                             memory_limit: spec.options.gpu_memory_limit,
-                        };
-                        let index = GpuIndex::build(&vectors, &spec.metric, &options)?;
-                        let bytes = index.stats().bytes_to_device;
-                        (
-                            BuildIndex::Gpu(Box::new(Mutex::new(index))),
-                            vectors.memory_size(),
-                            bytes,
-                        )
-                    }
+                        },
+                    }),
                 };
+                let index = backend.build(&vectors, &spec.metric)?;
+                let (size, bytes) = (index.memory_size(), index.build_bytes_to_device());
                 Ok((index, others, size, bytes, vectors.len()))
             },
         )
@@ -559,37 +543,22 @@ impl ProbeJob {
         let vectors = batch.column(self.layout.left_vector).clone();
         let column = self.left_vector.clone();
         let probe_build = Arc::clone(&build);
-        let (pairs, kernel, bytes) =
-            SpawnedTask::spawn_blocking(move || -> Result<(PairList, Duration, u64)> {
-                let check = spec.vector_check(&column).with_first_row(first_row);
-                let left = SparseBatch::try_from_array(vectors.as_ref(), &check)?;
-                let options = ProbeOptions {
-                    exclude_self_from: exclude_self.then_some(first_row),
-                };
-                let selection = spec.kind.selection();
-                match &probe_build.index {
-                    BuildIndex::Cpu(index) => {
-                        let started = Instant::now();
-                        let pairs = cpu::probe(index, &left, selection, options);
-                        Ok((pairs, started.elapsed(), 0))
-                    }
-                    BuildIndex::Gpu(index) => {
-                        let index = index.lock().unwrap_or_else(|p| p.into_inner());
-                        let before = index.stats();
-                        let pairs = index.probe(&left, selection, options)?;
-                        let after = index.stats();
-                        Ok((
-                            pairs,
-                            Duration::from_nanos(
-                                after.kernel_nanos.saturating_sub(before.kernel_nanos),
-                            ),
-                            after.bytes_to_device.saturating_sub(before.bytes_to_device),
-                        ))
-                    }
-                }
-            })
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))??;
+        let Probed {
+            pairs,
+            compute_time: kernel,
+            bytes_to_device: bytes,
+        } = SpawnedTask::spawn_blocking(move || -> Result<Probed> {
+            let check = spec.vector_check(&column).with_first_row(first_row);
+            let left = SparseBatch::try_from_array(vectors.as_ref(), &check)?;
+            let options = ProbeOptions {
+                exclude_self_from: exclude_self.then_some(first_row),
+            };
+            probe_build
+                .index
+                .probe(&left, spec.kind.selection(), options)
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))??;
         self.kernel_time.add_duration(kernel);
         self.bytes_to_device.add(bytes as usize);
 

@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use arrow::datatypes::{DataType, Field, FieldRef, Schema};
 use datafusion::common::{plan_err, Result};
 
-use crate::cpu::Selection;
+use crate::join::Selection;
 use crate::metric::Metric;
 use crate::options::{DeviceChoice, JoinOptions};
 use crate::vector::{is_sparse_vector_type, VectorCheck};

@@ -76,6 +76,16 @@ impl SparseBatch {
         Self::from_parts(offsets.into(), indices.into(), values.into(), nulls)
     }
 
+    /// Rows `offset..offset + len`, sharing the buffers (offsets keep their absolute values).
+    pub fn slice(&self, offset: usize, len: usize) -> Self {
+        Self {
+            offsets: self.offsets.slice(offset, len + 1),
+            indices: self.indices.clone(),
+            values: self.values.clone(),
+            nulls: self.nulls.as_ref().map(|n| n.slice(offset, len)),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.offsets.len() - 1
     }

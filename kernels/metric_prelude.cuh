@@ -1,0 +1,26 @@
+// The vocabulary of metric formulas, shared by every generated module: the CUDA twins of
+// src/metric/math.rs (same names, same meaning), so a formula written once in src/metric is both
+// Rust and CUDA C. fabs, sqrt, log, pow, fmax and fmin are CUDA's own (double overloads).
+//
+// A module is: this prelude, the kernel argument structs (generated from src/gpu/args.rs), one
+// metric's `MetricDef` (generated from src/metric by src/metric/cuda.rs), then knn.cu.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+// A metric's parameters (`prm.p`, `prm.d`) and one row's totals (`l.t0`, `r.t1`).
+struct Params {
+    double p;
+    double d;
+};
+struct Totals {
+    double t0;
+    double t1;
+};
+
+#define INF (__longlong_as_double(0x7ff0000000000000ll))
+#define LN_2 0.6931471805599453
+#define SQRT_2 1.4142135623730951
+
+__device__ __forceinline__ double select(bool c, double a, double b) { return c ? a : b; }
+__device__ __forceinline__ double clamp(double x, double lo, double hi) { return fmin(fmax(x, lo), hi); }

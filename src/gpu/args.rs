@@ -1,0 +1,127 @@
+//! Kernel parameters: one `#[repr(C)]` struct per kernel family, passed by value. The CUDA
+//! declaration of each struct is generated from the Rust one (field names, C types, and
+//! `static_assert`s of every field's size and alignment and of the total size), so the two cannot
+//! drift: NVRTC refuses to compile a module whose layout differs, and CI compiles every module.
+
+use cudarc::driver::DeviceRepr;
+
+/// A device address (`CUdeviceptr`); typed on the CUDA side.
+pub(crate) type DevPtr = u64;
+
+macro_rules! kernel_args {
+    ($(#[$doc:meta])* $name:ident { $($(#[$fdoc:meta])* $field:ident : $rty:ty = $cty:literal),* $(,)? }) => {
+        $(#[$doc])*
+        #[repr(C)]
+        #[derive(Debug, Clone, Copy, Default)]
+        pub(crate) struct $name {
+            $($(#[$fdoc])* pub $field: $rty),*
+        }
+
+        // SAFETY: a plain `#[repr(C)]` struct of integers and floats, mirrored field by field
+        // (with checked offsets) by the CUDA declaration below.
+        unsafe impl DeviceRepr for $name {}
+
+        impl $name {
+            /// The CUDA declaration, with layout checks.
+            pub(crate) fn cuda_declaration() -> String {
+                let mut s = format!("struct {} {{\n", stringify!($name));
+                $(s += &format!("    {} {};\n", $cty, stringify!($field));)*
+                s += "};\n";
+                // NVRTC has no offsetof; with the C layout rules on both sides, equal sizes and
+                // alignments of every field (in order) and an equal total size fix every offset.
+                $(s += &format!(
+                    "static_assert(sizeof(decltype((({name}*)0)->{field})) == {size} && \
+                     alignof(decltype((({name}*)0)->{field})) == {align}, \
+                     \"{name}.{field}: layout differs from src/gpu/args.rs\");\n",
+                    name = stringify!($name),
+                    field = stringify!($field),
+                    size = std::mem::size_of::<$rty>(),
+                    align = std::mem::align_of::<$rty>(),
+                );)*
+                s += &format!(
+                    "static_assert(sizeof({}) == {}, \"{}: size differs from src/gpu/args.rs\");\n",
+                    stringify!($name),
+                    std::mem::size_of::<$name>(),
+                    stringify!($name),
+                );
+                s
+            }
+        }
+    };
+}
+
+kernel_args! {
+    /// The folded kernels (`folded_knn`, `folded_radius`).
+    FoldedArgs {
+        /// Left chunk: CSR row pointer (absolute offsets of the Arrow buffer) and its base.
+        l_off: DevPtr = "const int*",
+        l_base: i64 = "long long",
+        l_idx: DevPtr = "const int*",
+        l_val: DevPtr = "const float*",
+        /// Left rows (of the chunk) to compute, and how many.
+        work: DevPtr = "const int*",
+        nwork: i32 = "int",
+        n_right: i32 = "int",
+        /// Right row skipped for left row `r`: `self_first + r`, or NO_SELF.
+        self_first: i64 = "long long",
+        valid_bits: DevPtr = "const u32*",
+        /// Right totals, in the metric's accumulator type.
+        rt0: DevPtr = "const void*",
+        rt1: DevPtr = "const void*",
+        col_mode: i32 = "int",
+        ncols: i32 = "int",
+        col_ids: DevPtr = "const int*",
+        tile_ptr: DevPtr = "const u32*",
+        col_rows: DevPtr = "const u32*",
+        col_vals: DevPtr = "const float*",
+        tile_rows: i32 = "int",
+        ntiles: i32 = "int",
+        p: f64 = "double",
+        d: f64 = "double",
+        k: i32 = "int",
+        cap: i32 = "int",
+        out_rows: DevPtr = "u32*",
+        out_keys: DevPtr = "float*",
+        out_count: DevPtr = "int*",
+        radius: f64 = "double",
+        r_left: DevPtr = "u32*",
+        r_right: DevPtr = "u32*",
+        r_dist: DevPtr = "double*",
+        r_counter: DevPtr = "u64*",
+        r_cap: u64 = "u64",
+    }
+}
+
+kernel_args! {
+    /// The max-reduction kernels (`maxred_knn`, `maxred_radius`).
+    MaxArgs {
+        work: DevPtr = "const int*",
+        nwork: i32 = "int",
+        n_right: i32 = "int",
+        self_first: i64 = "long long",
+        /// Left rows: per work row, (column id or -1, x), largest |x| first.
+        ch_off: DevPtr = "const int*",
+        ch_col: DevPtr = "const int*",
+        ch_val: DevPtr = "const float*",
+        valid_bits: DevPtr = "const u32*",
+        ncols: i32 = "int",
+        r_ptr: DevPtr = "const u32*",
+        r_col: DevPtr = "const int*",
+        r_val: DevPtr = "const float*",
+        /// One dense slot over the right side's columns per block.
+        dense: DevPtr = "float*",
+        p: f64 = "double",
+        d: f64 = "double",
+        k: i32 = "int",
+        cap: i32 = "int",
+        out_rows: DevPtr = "u32*",
+        out_keys: DevPtr = "float*",
+        out_count: DevPtr = "int*",
+        radius: f64 = "double",
+        r_left: DevPtr = "u32*",
+        r_right: DevPtr = "u32*",
+        r_dist: DevPtr = "double*",
+        r_counter: DevPtr = "u64*",
+        r_cap: u64 = "u64",
+    }
+}

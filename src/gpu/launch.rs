@@ -1,0 +1,318 @@
+//! One launch: a chunk of left rows against one part of the right side, on the device. Fills the
+//! kernel's argument struct, launches, times it with events, and assembles the pairs.
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use datafusion::common::Result;
+
+use super::args::{FoldedArgs, MaxArgs};
+use super::device::{cuda_err, Device};
+use super::kernels::{MetricProgram, FOLDED_THREADS, MAX_THREADS};
+use super::memory::{addr, download, upload, zeros};
+use super::prepare::{max_left_rows, ColumnMap, DevPart};
+use super::GpuStats;
+use crate::join::{PairList, ProbeOptions, Selection};
+use crate::vector::SparseBatch;
+
+/// `self_first` when exclude_self is off (the kernels' NO_SELF).
+const NO_SELF: i64 = i64::MIN;
+
+/// Candidate-buffer entries for a top-k of `k`: room for k plus one round of the block.
+pub(crate) fn cap_for(k: usize, threads: u32) -> usize {
+    (k + threads as usize).next_power_of_two()
+}
+
+/// Bytes of shared memory the folded kernels use beside the accumulators.
+pub(crate) fn folded_fixed_smem(k: usize) -> usize {
+    cap_for(k, FOLDED_THREADS) * 8 + FOLDED_THREADS as usize * 12
+}
+
+/// Everything a launch needs that does not change from chunk to chunk of one part.
+pub(crate) struct PartLaunch<'a> {
+    pub device: &'a Device,
+    pub program: &'a MetricProgram,
+    pub columns: &'a ColumnMap,
+    pub part: &'a DevPart,
+    /// The right side's sorted column ids, when columns are not the indices themselves.
+    pub col_ids: Option<&'a CudaSlice<i32>>,
+    pub first_row: usize,
+    pub part_rows: usize,
+    pub ntiles: usize,
+    pub tile_rows: usize,
+    /// The index's device memory budget, and what is already held of it.
+    pub budget: u64,
+    pub held: u64,
+}
+
+impl PartLaunch<'_> {
+    /// Left rows `r0..r1`; `None` when the chunk needs more memory than the budget leaves (the
+    /// caller retries with fewer rows).
+    pub(crate) fn run(
+        &self,
+        left: &SparseBatch,
+        r0: usize,
+        r1: usize,
+        selection: Selection,
+        options: ProbeOptions,
+        stats: &mut GpuStats,
+    ) -> Result<Option<PairList>> {
+        let (device, program, held) = (self.device, self.program, self.held);
+        let work: Vec<i32> = (r0..r1)
+            .filter(|&r| !left.is_null(r))
+            .map(|r| (r - r0) as i32)
+            .collect();
+        if work.is_empty() {
+            return Ok(Some(PairList::default()));
+        }
+        let nwork = work.len();
+        let self_first = match options.exclude_self_from {
+            Some(first) => first as i64 + r0 as i64 - self.first_row as i64,
+            None => NO_SELF,
+        };
+        let mut bytes = 0u64;
+        // The left chunk as slices of the Arrow buffers: offsets are the row pointer.
+        let off = &left.offsets()[r0..=r1];
+        let (e0, e1) = (off[0] as usize, off[r1 - r0] as usize);
+        let prm = program.params;
+        let threads = if program.max_reduction {
+            MAX_THREADS
+        } else {
+            FOLDED_THREADS
+        };
+        let (k, cap, radius) = match selection {
+            Selection::Nearest(k) => (k, cap_for(k, threads), 0.0),
+            Selection::Within(r) => (1, 1, r),
+        };
+        let knn = matches!(selection, Selection::Nearest(_));
+        // Everything this chunk needs at least; over the budget, the caller halves the chunk.
+        let entries = (e1 - e0) as u64;
+        let ncols_dense = self.columns.len().max(1) as u64;
+        let needed = nwork as u64 * 4
+            + (off.len() as u64 + 2 * entries) * 4
+            + if knn {
+                nwork as u64 * (k as u64 * 8 + 4)
+            } else {
+                64 * 16 + 8
+            }
+            + if program.max_reduction {
+                entries * 8 + (nwork as u64 + 1) * 4 + ncols_dense * 4
+            } else {
+                0
+            };
+        if held + needed > self.budget && r1 - r0 > 1 {
+            return Ok(None);
+        }
+        let d_work = upload(device, &work, stats)?;
+        bytes += nwork as u64 * 4;
+        let out_rows = zeros::<u32>(device, if knn { nwork * k } else { 1 })?;
+        let out_keys = zeros::<f32>(device, if knn { nwork * k } else { 1 })?;
+        let out_count = zeros::<i32>(device, if knn { nwork } else { 1 })?;
+        if knn {
+            bytes += nwork as u64 * (k as u64 * 8 + 4);
+        }
+        // Radius: a pair list filled through an atomic counter; rerun with the exact size if full.
+        let mut r_cap: u64 = if knn {
+            1
+        } else {
+            // Room for 64 pairs per left row, within what the budget leaves (16 bytes a pair).
+            let room = self.budget.saturating_sub(held + needed) / 16 / 2;
+            ((nwork as u64) * 64).clamp(64, 1 << 24).min(room.max(64))
+        };
+
+        let d_off = upload(device, off, stats)?;
+        let d_idx = upload(device, &left.indices()[e0..e1], stats)?;
+        let d_val = upload(device, &left.values()[e0..e1], stats)?;
+        bytes += (off.len() + 2 * (e1 - e0)) as u64 * 4;
+        // The max-reduction kernels' own inputs: the left rows sorted by |x|, and a dense slot
+        // over the right side's columns per block.
+        let mut max_bufs = None;
+        let mut dense_slots = 0;
+        if program.max_reduction {
+            let (ch_off, ch_col, ch_val) = max_left_rows(self.columns, left, r0, &work);
+            let ncols = self.columns.len().max(1);
+            let radius_bytes = if knn { 0 } else { r_cap * 16 + 8 };
+            let room = self.budget.saturating_sub(held + needed + radius_bytes) + ncols as u64 * 4;
+            dense_slots = ((room / (ncols as u64 * 4)) as usize)
+                .clamp(1, (device.sm_count * 8) as usize)
+                .min(nwork);
+            let dense = zeros::<f32>(device, dense_slots * ncols)?;
+            bytes += (dense_slots * ncols * 4 + ch_off.len() * 4 + ch_col.len() * 8) as u64;
+            max_bufs = Some((
+                upload(device, &ch_off, stats)?,
+                upload(device, &ch_col, stats)?,
+                upload(device, &ch_val, stats)?,
+                dense,
+            ));
+        }
+        let dummy_ids = zeros::<i32>(device, 1)?;
+        let col_ids = self.col_ids.unwrap_or(&dummy_ids);
+
+        let mut pairs = PairList::default();
+        loop {
+            let r_left = zeros::<u32>(device, if knn { 1 } else { r_cap as usize })?;
+            let r_right = zeros::<u32>(device, if knn { 1 } else { r_cap as usize })?;
+            let r_dist = zeros::<f64>(device, if knn { 1 } else { r_cap as usize })?;
+            let r_counter = zeros::<u64>(device, 1)?;
+            let run_bytes = bytes + if knn { 0 } else { r_cap * 16 + 8 };
+            stats.peak_device_bytes = stats.peak_device_bytes.max(held + run_bytes);
+            let name = program.kernel_names()[if knn { 0 } else { 1 }];
+
+            let start = device
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("recording an event"))?;
+            if let Some((ch_off, ch_col, ch_val, dense)) = &max_bufs {
+                let smem = (if knn { cap * 8 } else { 0 } + MAX_THREADS as usize * 8) as u32;
+                let f = device.function(program, name, smem)?;
+                let args = MaxArgs {
+                    work: addr(device, &d_work),
+                    nwork: nwork as i32,
+                    n_right: self.part_rows as i32,
+                    self_first,
+                    ch_off: addr(device, ch_off),
+                    ch_col: addr(device, ch_col),
+                    ch_val: addr(device, ch_val),
+                    valid_bits: addr(device, &self.part.valid_bits),
+                    ncols: self.columns.len() as i32,
+                    r_ptr: addr(device, &self.part.r_ptr),
+                    r_col: addr(device, &self.part.r_col),
+                    r_val: addr(device, &self.part.r_val),
+                    dense: addr(device, dense),
+                    p: prm.p,
+                    d: prm.d,
+                    k: k as i32,
+                    cap: cap as i32,
+                    out_rows: addr(device, &out_rows),
+                    out_keys: addr(device, &out_keys),
+                    out_count: addr(device, &out_count),
+                    radius,
+                    r_left: addr(device, &r_left),
+                    r_right: addr(device, &r_right),
+                    r_dist: addr(device, &r_dist),
+                    r_counter: addr(device, &r_counter),
+                    r_cap,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (dense_slots as u32, 1, 1),
+                    block_dim: (MAX_THREADS, 1, 1),
+                    shared_mem_bytes: smem,
+                };
+                let mut b = device.stream.launch_builder(&f);
+                b.arg(&args);
+                // SAFETY: `MaxArgs` is the kernel's one parameter (its CUDA declaration is
+                // generated from the Rust struct, with offsets checked); every buffer is as long
+                // as the kernel indexes it (dense holds dense_slots × ncols, the grid), and all
+                // of them outlive the launch (the event below is waited on before they drop).
+                unsafe { b.launch(cfg) }.map_err(cuda_err("launching the max-reduction kernel"))?;
+            } else {
+                let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
+                let smem = (tile_rows * program.acc_bytes()
+                    + if knn { cap * 8 } else { 0 }
+                    + FOLDED_THREADS as usize * 12) as u32;
+                let f = device.function(program, name, smem)?;
+                if log::log_enabled!(log::Level::Debug) {
+                    log::debug!(
+                        "GPU {} {name}: {nwork} left rows x {} right rows, tile {tile_rows} \
+                         ({} tiles), {} registers, {smem} B shared, k {k}",
+                        program.name,
+                        self.part_rows,
+                        self.ntiles,
+                        f.num_regs().unwrap_or(-1)
+                    );
+                }
+                let args = FoldedArgs {
+                    l_off: addr(device, &d_off),
+                    l_base: off[0] as i64,
+                    l_idx: addr(device, &d_idx),
+                    l_val: addr(device, &d_val),
+                    work: addr(device, &d_work),
+                    nwork: nwork as i32,
+                    n_right: self.part_rows as i32,
+                    self_first,
+                    valid_bits: addr(device, &self.part.valid_bits),
+                    rt0: addr(device, &self.part.rt0),
+                    rt1: addr(device, &self.part.rt1),
+                    col_mode: matches!(self.columns, ColumnMap::Sorted(_)) as i32,
+                    ncols: self.columns.len() as i32,
+                    col_ids: addr(device, col_ids),
+                    tile_ptr: addr(device, &self.part.tile_ptr),
+                    col_rows: addr(device, &self.part.col_rows),
+                    col_vals: addr(device, &self.part.col_vals),
+                    tile_rows: tile_rows as i32,
+                    ntiles: self.ntiles as i32,
+                    p: prm.p,
+                    d: prm.d,
+                    k: k as i32,
+                    cap: cap as i32,
+                    out_rows: addr(device, &out_rows),
+                    out_keys: addr(device, &out_keys),
+                    out_count: addr(device, &out_count),
+                    radius,
+                    r_left: addr(device, &r_left),
+                    r_right: addr(device, &r_right),
+                    r_dist: addr(device, &r_dist),
+                    r_counter: addr(device, &r_counter),
+                    r_cap,
+                };
+                let cfg = LaunchConfig {
+                    grid_dim: (nwork as u32, 1, 1),
+                    block_dim: (FOLDED_THREADS, 1, 1),
+                    shared_mem_bytes: smem,
+                };
+                let mut b = device.stream.launch_builder(&f);
+                b.arg(&args);
+                // SAFETY: `FoldedArgs` is the kernel's one parameter (its CUDA declaration is
+                // generated from the Rust struct, with offsets checked); the tiles were cut with
+                // the same tile_rows (prepare_part), so tile_ptr has ntiles + 1 per column; every
+                // buffer outlives the launch (the event below is waited on before they drop).
+                unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
+            }
+            let end = device
+                .stream
+                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .map_err(cuda_err("recording an event"))?;
+            end.synchronize().map_err(cuda_err("running the kernel"))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(cuda_err("timing the kernel"))?;
+            stats.kernel_nanos += (ms as f64 * 1e6) as u64;
+
+            if knn {
+                let counts = download(device, &out_count, nwork)?;
+                let rows = download(device, &out_rows, nwork * k)?;
+                let keys = download(device, &out_keys, nwork * k)?;
+                for (w, &n) in counts.iter().enumerate() {
+                    let lrow = (r0 + work[w] as usize) as u32;
+                    for i in 0..n as usize {
+                        pairs.push(
+                            lrow,
+                            self.first_row as u32 + rows[w * k + i],
+                            keys[w * k + i] as f64,
+                        );
+                    }
+                }
+                break;
+            }
+            let found = download(device, &r_counter, 1)?[0];
+            if found > r_cap {
+                let room = self.budget.saturating_sub(held + bytes + 4096) / 16;
+                if found > room && r1 - r0 > 1 {
+                    // More pairs than the budget holds: the caller retries with fewer left rows.
+                    return Ok(None);
+                }
+                // The pair list overflowed: run again with room for every pair.
+                r_cap = found;
+                continue;
+            }
+            let n = found as usize;
+            let lefts = download(device, &r_left, n)?;
+            let rights = download(device, &r_right, n)?;
+            let dists = download(device, &r_dist, n)?;
+            pairs.left = lefts.iter().map(|&l| (r0 as u32) + l).collect();
+            pairs.right = rights.iter().map(|&r| self.first_row as u32 + r).collect();
+            pairs.distance = dists;
+            break;
+        }
+        Ok(Some(pairs))
+    }
+}

@@ -1,0 +1,315 @@
+//! The right side prepared on the host for the device (an inverted index cut in tiles, or rows
+//! for the max-reduction kernels), and the left rows as the max-reduction kernels want them.
+
+use cudarc::driver::CudaSlice;
+use datafusion::common::Result;
+use rayon::prelude::*;
+
+use super::device::Device;
+use super::kernels::MetricProgram;
+use super::memory::upload;
+use super::GpuStats;
+use crate::metric::RowTotals;
+use crate::vector::SparseBatch;
+
+/// Maps a column index to a column id of the right side.
+#[derive(Debug)]
+pub(crate) enum ColumnMap {
+    /// Ids are the indices themselves, below `len`.
+    Direct(usize),
+    /// The right side's distinct indices, sorted (hashed n-grams up to 2^31).
+    Sorted(Vec<i32>),
+}
+
+impl ColumnMap {
+    pub(crate) fn get(&self, c: i32) -> Option<u32> {
+        match self {
+            ColumnMap::Direct(len) => (c >= 0 && (c as usize) < *len).then_some(c as u32),
+            ColumnMap::Sorted(ids) => ids.binary_search(&c).ok().map(|i| i as u32),
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            ColumnMap::Direct(len) => *len,
+            ColumnMap::Sorted(ids) => ids.len(),
+        }
+    }
+}
+
+/// One part of the right side (rows `first_row..first_row + rows`), prepared on the host.
+#[derive(Debug, Default)]
+pub(crate) struct HostPart {
+    pub(crate) first_row: usize,
+    pub(crate) rows: usize,
+    pub(crate) valid_bits: Vec<u32>,
+    /// Folded metrics: totals as f32 or f64 bytes (the kernel's accumulator type).
+    pub(crate) rt0: Vec<u8>,
+    pub(crate) rt1: Vec<u8>,
+    pub(crate) ntiles: usize,
+    pub(crate) tile_ptr: Vec<u32>,
+    pub(crate) col_rows: Vec<u32>,
+    pub(crate) col_vals: Vec<f32>,
+    /// Chebyshev: column-sorted CSR with column ids.
+    pub(crate) r_ptr: Vec<u32>,
+    pub(crate) r_col: Vec<i32>,
+    pub(crate) r_val: Vec<f32>,
+}
+
+impl HostPart {
+    pub(crate) fn device_bytes(&self) -> u64 {
+        (self.valid_bits.len() * 4
+            + self.rt0.len()
+            + self.rt1.len()
+            + self.tile_ptr.len() * 4
+            + self.col_rows.len() * 4
+            + self.col_vals.len() * 4
+            + self.r_ptr.len() * 4
+            + self.r_col.len() * 4
+            + self.r_val.len() * 4) as u64
+    }
+}
+
+/// A part's buffers on the device.
+pub(crate) struct DevPart {
+    pub(crate) valid_bits: CudaSlice<u32>,
+    pub(crate) rt0: CudaSlice<u8>,
+    pub(crate) rt1: CudaSlice<u8>,
+    pub(crate) tile_ptr: CudaSlice<u32>,
+    pub(crate) col_rows: CudaSlice<u32>,
+    pub(crate) col_vals: CudaSlice<f32>,
+    pub(crate) r_ptr: CudaSlice<u32>,
+    pub(crate) r_col: CudaSlice<i32>,
+    pub(crate) r_val: CudaSlice<f32>,
+    pub(crate) bytes: u64,
+}
+
+/// A rough size of rows `start..end` prepared for the device (to decide on parts).
+pub(crate) fn estimate_bytes(
+    right: &SparseBatch,
+    start: usize,
+    end: usize,
+    program: &MetricProgram,
+    columns: &ColumnMap,
+    tile_rows: usize,
+) -> u64 {
+    let rows = (end - start) as u64;
+    let nnz = (right.offsets()[end] - right.offsets()[start]) as u64;
+    if program.max_reduction {
+        rows * 4 + nnz * 8 + rows / 8 + 64
+    } else {
+        let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
+        nnz * 8
+            + rows * 2 * program.acc_bytes() as u64
+            + columns.len() as u64 * 4 * (ntiles + 1)
+            + rows / 8
+            + 64
+    }
+}
+
+fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
+    let mut bits = vec![0u32; (end - start).div_ceil(32)];
+    for r in start..end {
+        if !right.is_null(r) {
+            bits[(r - start) / 32] |= 1 << ((r - start) % 32);
+        }
+    }
+    bits
+}
+
+/// Rows `start..end` of the right side, as the kernels of `program` read them; `totals` are the
+/// definition's totals of every right row (unused by max-reduction metrics).
+pub(crate) fn prepare_part(
+    right: &SparseBatch,
+    totals: &[RowTotals],
+    start: usize,
+    end: usize,
+    program: &MetricProgram,
+    columns: &ColumnMap,
+    tile_rows: usize,
+) -> HostPart {
+    let rows = end - start;
+    let mut part = HostPart {
+        first_row: start,
+        rows,
+        valid_bits: valid_bits(right, start, end),
+        ..Default::default()
+    };
+    if program.max_reduction {
+        part.r_ptr.reserve(rows + 1);
+        part.r_ptr.push(0);
+        for r in start..end {
+            let (idx, val) = right.row(r);
+            let mut entries: Vec<(i32, f32)> = idx
+                .iter()
+                .zip(val)
+                .filter(|(_, v)| **v != 0.0)
+                .map(|(&c, &v)| {
+                    (
+                        columns.get(c).expect("a column of the right side") as i32,
+                        v,
+                    )
+                })
+                .collect();
+            entries.sort_unstable_by_key(|e| e.0);
+            for (c, v) in entries {
+                part.r_col.push(c);
+                part.r_val.push(v);
+            }
+            part.r_ptr.push(part.r_col.len() as u32);
+        }
+        return part;
+    }
+    // Totals in the kernel's accumulator type.
+    let f64_acc = program.acc_f64;
+    for t in &totals[start..end] {
+        if f64_acc {
+            part.rt0.extend_from_slice(&t.t0.to_ne_bytes());
+            part.rt1.extend_from_slice(&t.t1.to_ne_bytes());
+        } else {
+            part.rt0.extend_from_slice(&(t.t0 as f32).to_ne_bytes());
+            part.rt1.extend_from_slice(&(t.t1 as f32).to_ne_bytes());
+        }
+    }
+    // CSC over the part's rows, row-sorted within each column, built in parallel: each chunk of
+    // rows counts its entries per column, the counts give every (column, chunk) its own output
+    // range in row order, and the chunks fill their ranges at once.
+    let ncols = columns.len();
+    let nchunks = (rayon::current_num_threads() * 2)
+        .min((256 << 20) / (ncols.max(1) * 4))
+        .clamp(1, rows.max(1));
+    let bounds: Vec<usize> = (0..=nchunks).map(|i| start + rows * i / nchunks).collect();
+    let chunk_counts: Vec<Vec<u32>> = (0..nchunks)
+        .into_par_iter()
+        .map(|ch| {
+            let mut counts = vec![0u32; ncols];
+            for r in bounds[ch]..bounds[ch + 1] {
+                let (idx, val) = right.row(r);
+                for (&c, &v) in idx.iter().zip(val) {
+                    if v != 0.0 {
+                        counts[columns.get(c).expect("a column of the right side") as usize] += 1;
+                    }
+                }
+            }
+            counts
+        })
+        .collect();
+    let mut col_start = vec![0u32; ncols + 1];
+    let mut chunk_offsets = vec![vec![0u32; ncols]; nchunks];
+    let mut running = 0u32;
+    for c in 0..ncols {
+        col_start[c] = running;
+        for ch in 0..nchunks {
+            chunk_offsets[ch][c] = running;
+            running += chunk_counts[ch][c];
+        }
+    }
+    col_start[ncols] = running;
+    let nnz = running as usize;
+    part.col_rows = vec![0; nnz];
+    part.col_vals = vec![0.0; nnz];
+    {
+        let rows_out = SharedOut(part.col_rows.as_mut_ptr());
+        let vals_out = SharedOut(part.col_vals.as_mut_ptr());
+        chunk_offsets
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(ch, mut fill)| {
+                let (rows_out, vals_out) = (&rows_out, &vals_out);
+                for r in bounds[ch]..bounds[ch + 1] {
+                    let (idx, val) = right.row(r);
+                    for (&c, &v) in idx.iter().zip(val) {
+                        if v != 0.0 {
+                            let slot = &mut fill[columns.get(c).unwrap() as usize];
+                            // SAFETY: (column, chunk) ranges are disjoint and inside the buffers
+                            // (their lengths are the counts of this very pass).
+                            unsafe {
+                                *rows_out.0.add(*slot as usize) = (r - start) as u32;
+                                *vals_out.0.add(*slot as usize) = v;
+                            }
+                            *slot += 1;
+                        }
+                    }
+                }
+            });
+    }
+    let counts = col_start;
+    // Where each column crosses each tile boundary.
+    let ntiles = rows.div_ceil(tile_rows).max(1);
+    part.ntiles = ntiles;
+    part.tile_ptr = vec![0u32; ncols * (ntiles + 1)];
+    part.tile_ptr
+        .par_chunks_mut(ntiles + 1)
+        .enumerate()
+        .for_each(|(c, tp)| {
+            let (s, e) = (counts[c] as usize, counts[c + 1] as usize);
+            let col = &part.col_rows[s..e];
+            for (t, slot) in tp.iter_mut().enumerate() {
+                let bound = (t * tile_rows) as u32;
+                *slot = (s + col.partition_point(|&r| r < bound)) as u32;
+            }
+            tp[ntiles] = e as u32;
+        });
+    part
+}
+
+/// A buffer that parallel tasks write at disjoint positions.
+struct SharedOut<T>(*mut T);
+// SAFETY: only used for writes to disjoint positions (see prepare_part).
+unsafe impl<T> Sync for SharedOut<T> {}
+
+pub(crate) fn upload_part(
+    device: &Device,
+    host: &HostPart,
+    stats: &mut GpuStats,
+) -> Result<DevPart> {
+    Ok(DevPart {
+        valid_bits: upload(device, &host.valid_bits, stats)?,
+        rt0: upload(device, &host.rt0, stats)?,
+        rt1: upload(device, &host.rt1, stats)?,
+        tile_ptr: upload(device, &host.tile_ptr, stats)?,
+        col_rows: upload(device, &host.col_rows, stats)?,
+        col_vals: upload(device, &host.col_vals, stats)?,
+        r_ptr: upload(device, &host.r_ptr, stats)?,
+        r_col: upload(device, &host.r_col, stats)?,
+        r_val: upload(device, &host.r_val, stats)?,
+        bytes: host.device_bytes(),
+    })
+}
+
+/// The max-reduction kernels' left rows: per work row its nonzeros as (column id or -1, x),
+/// largest |x| first (the kernel takes the first one a right row lacks).
+pub(crate) fn max_left_rows(
+    columns: &ColumnMap,
+    left: &SparseBatch,
+    r0: usize,
+    work: &[i32],
+) -> (Vec<i32>, Vec<i32>, Vec<f32>) {
+    let rows: Vec<Vec<(i32, f32)>> = work
+        .par_iter()
+        .map(|&w| {
+            let (idx, val) = left.row(r0 + w as usize);
+            let mut v: Vec<(i32, f32)> = idx
+                .iter()
+                .zip(val)
+                .filter(|(_, x)| **x != 0.0)
+                .map(|(&c, &x)| (columns.get(c).map_or(-1, |c| c as i32), x))
+                .collect();
+            v.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+            v
+        })
+        .collect();
+    let mut ch_off = Vec::with_capacity(work.len() + 1);
+    ch_off.push(0i32);
+    let total: usize = rows.iter().map(|r| r.len()).sum();
+    let mut ch_col = Vec::with_capacity(total);
+    let mut ch_val = Vec::with_capacity(total);
+    for r in rows {
+        for (c, x) in r {
+            ch_col.push(c);
+            ch_val.push(x);
+        }
+        ch_off.push(ch_col.len() as i32);
+    }
+    (ch_off, ch_col, ch_val)
+}

@@ -1,0 +1,270 @@
+//! Every metric of the SPEC, each defined once (see [`crate::semiring!`]); the CPU backend runs
+//! these functions and the GPU backend compiles the CUDA generated from the same text.
+//!
+//! Accumulators: `gpu_accumulator: f64` where the folded sum cancels (|x−y| − |x| − |y| and
+//! friends cancel for near neighbours, and the SPEC wants 1e-4 relative to the distance); f32
+//! where it does not (products, counts). The CPU accumulates in f64 throughout.
+
+use crate::semiring;
+
+semiring! {
+    /// Σ xᵢyᵢ, a similarity.
+    pub struct Dot = "dot";
+    reduction: Sum;
+    similarity: true;
+    key: KeyForm::Negated;
+    pair_vanishes: true;
+    gpu_accumulator: f32;
+    total(x, prm) = [0.0, 0.0];
+    pair(x, y, prm) = { [x * y, 0.0] };
+    finish(acc0, acc1, l, r, prm) = { acc0 };
+}
+
+semiring! {
+    /// 1 − Σxy / (‖x‖‖y‖); a zero vector gives 1.
+    pub struct Cosine = "cosine";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Quotient;
+    pair_vanishes: true;
+    gpu_accumulator: f32;
+    total(x, prm) = [x * x, 0.0];
+    pair(x, y, prm) = { [x * y, 0.0] };
+    finish(acc0, acc1, l, r, prm) = {
+        select(l.t0 == 0.0 || r.t0 == 0.0, 1.0, clamp(1.0 - acc0 / (sqrt(l.t0) * sqrt(r.t0)), 0.0, 2.0))
+    };
+}
+
+semiring! {
+    /// Σ(x − y)², expanded: ‖x‖² + ‖y‖² − 2Σxy.
+    pub struct SqEuclidean = "sqeuclidean";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: true;
+    gpu_accumulator: f32;
+    total(x, prm) = [x * x, 0.0];
+    pair(x, y, prm) = { [-2.0 * x * y, 0.0] };
+    finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) };
+}
+
+semiring! {
+    /// √Σ(x − y)², expanded as sqeuclidean.
+    pub struct Euclidean = "euclidean";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: true;
+    gpu_accumulator: f32;
+    total(x, prm) = [x * x, 0.0];
+    pair(x, y, prm) = { [-2.0 * x * y, 0.0] };
+    finish(acc0, acc1, l, r, prm) = { sqrt(fmax(l.t0 + r.t0 + acc0, 0.0)) };
+}
+
+semiring! {
+    /// Σ|x − y| (union, NAMM).
+    pub struct Manhattan = "manhattan";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: true;
+    gpu_accumulator: f64;
+    total(x, prm) = [fabs(x), 0.0];
+    pair(x, y, prm) = { [fabs(x - y) - fabs(x) - fabs(y), 0.0] };
+    finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) };
+}
+
+semiring! {
+    /// (Σ|x − y|ᵖ)^(1/p). The folded form cancels for large, nearly equal values, so the exact
+    /// term over the union is given too (row-by-row distances and candidate refinement use it).
+    pub struct Minkowski = "minkowski";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: false;
+    gpu_accumulator: f64;
+    total(x, prm) = [pow(fabs(x), prm.p), 0.0];
+    pair(x, y, prm) = {
+        [pow(fabs(x - y), prm.p) - pow(fabs(x), prm.p) - pow(fabs(y), prm.p), 0.0]
+    };
+    finish(acc0, acc1, l, r, prm) = {
+        pow(fmax(l.t0 + r.t0 + acc0, 0.0), 1.0 / prm.p)
+    };
+    exact_term(x, y, prm) = pow(fabs(x - y), prm.p);
+}
+
+semiring! {
+    /// maxᵢ |x − y| over the union.
+    pub struct Chebyshev = "chebyshev";
+    reduction: Max;
+    similarity: false;
+    key: KeyForm::Exact;
+    pair_vanishes: false;
+    gpu_accumulator: f32;
+    total(x, prm) = [0.0, 0.0];
+    pair(x, y, prm) = { [fabs(x - y), 0.0] };
+    finish(acc0, acc1, l, r, prm) = { acc0 };
+    exact_term(x, y, prm) = fabs(x - y);
+}
+
+semiring! {
+    /// Σ |x − y| / (|x| + |y|); a column nonzero on one side only contributes 1.
+    pub struct Canberra = "canberra";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: false;
+    gpu_accumulator: f64;
+    total(x, prm) = [1.0, 0.0];
+    pair(x, y, prm) = { [fabs(x - y) / (fabs(x) + fabs(y)) - 2.0, 0.0] };
+    finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) };
+}
+
+semiring! {
+    /// Σ|x − y| / Σ|x + y|; 0 for two zero vectors.
+    pub struct BrayCurtis = "braycurtis";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Exact;
+    pair_vanishes: true;
+    gpu_accumulator: f64;
+    total(x, prm) = [fabs(x), 0.0];
+    pair(x, y, prm) = {
+        let base = fabs(x) + fabs(y);
+        [fabs(x - y) - base, fabs(x + y) - base]
+    };
+    finish(acc0, acc1, l, r, prm) = {
+        let num = fmax(l.t0 + r.t0 + acc0, 0.0);
+        let den = fmax(l.t0 + r.t0 + acc1, 0.0);
+        select(den == 0.0, select(num == 0.0, 0.0, INF), num / den)
+    };
+}
+
+semiring! {
+    /// #{i < d : xᵢ ≠ yᵢ} / d.
+    pub struct Hamming = "hamming";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: false;
+    gpu_accumulator: f32;
+    total(x, prm) = [1.0, 0.0];
+    pair(x, y, prm) = { [select(x != y, -1.0, -2.0), 0.0] };
+    finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) / prm.d };
+}
+
+semiring! {
+    /// 1 − |X∩Y| / |X∪Y|; 0 when the union is empty.
+    pub struct Jaccard = "jaccard";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Exact;
+    pair_vanishes: false;
+    gpu_accumulator: f32;
+    total(x, prm) = [1.0, 0.0];
+    pair(x, y, prm) = { [1.0, 0.0] };
+    finish(acc0, acc1, l, r, prm) = {
+        let uni = l.t0 + r.t0 - acc0;
+        select(uni <= 0.0, 0.0, 1.0 - acc0 / uni)
+    };
+}
+
+semiring! {
+    /// 1 − 2|X∩Y| / (|X| + |Y|); 0 when both are empty.
+    pub struct Dice = "dice";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Exact;
+    pair_vanishes: false;
+    gpu_accumulator: f32;
+    total(x, prm) = [1.0, 0.0];
+    pair(x, y, prm) = { [1.0, 0.0] };
+    finish(acc0, acc1, l, r, prm) = {
+        let total = l.t0 + r.t0;
+        select(total <= 0.0, 0.0, 1.0 - 2.0 * acc0 / total)
+    };
+}
+
+semiring! {
+    /// (d − |X∩Y|) / d.
+    pub struct RussellRao = "russellrao";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Negated;
+    pair_vanishes: false;
+    gpu_accumulator: f32;
+    total(x, prm) = [0.0, 0.0];
+    pair(x, y, prm) = { [1.0, 0.0] };
+    finish(acc0, acc1, l, r, prm) = { (prm.d - acc0) / prm.d };
+}
+
+semiring! {
+    /// 1 − Pearson correlation over all d coordinates; 1 when either vector is constant (zero
+    /// included), where the variance is below 1e-12 of the sum of squares.
+    pub struct Correlation = "correlation";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Exact;
+    pair_vanishes: true;
+    gpu_accumulator: f32;
+    total(x, prm) = [x, x * x];
+    pair(x, y, prm) = { [x * y, 0.0] };
+    finish(acc0, acc1, l, r, prm) = {
+        let var_l = l.t1 - l.t0 * l.t0 / prm.d;
+        let var_r = r.t1 - r.t0 * r.t0 / prm.d;
+        let cov = acc0 - l.t0 * r.t0 / prm.d;
+        select(
+            var_l <= 1e-12 * l.t1 || var_r <= 1e-12 * r.t1,
+            1.0,
+            clamp(1.0 - cov / (sqrt(var_l) * sqrt(var_r)), 0.0, 2.0)
+        )
+    };
+}
+
+semiring! {
+    /// (1/√2)·√Σ(√x − √y)², folded: Σx + Σy − 2Σ√(xy).
+    pub struct Hellinger = "hellinger";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: 1.0 };
+    pair_vanishes: true;
+    gpu_accumulator: f64;
+    total(x, prm) = [x, 0.0];
+    pair(x, y, prm) = { [-2.0 * sqrt(x * y), 0.0] };
+    finish(acc0, acc1, l, r, prm) = {
+        sqrt(fmax(l.t0 + r.t0 + acc0, 0.0)) / SQRT_2
+    };
+}
+
+semiring! {
+    /// √((Σ x ln(x/m) + Σ y ln(y/m)) / 2), m = (x + y)/2; a column nonzero on one side only
+    /// contributes x·ln 2.
+    pub struct JensenShannon = "jensenshannon";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Shifted { scale: LN_2 };
+    pair_vanishes: false;
+    gpu_accumulator: f64;
+    total(x, prm) = [x, 0.0];
+    pair(x, y, prm) = {
+        let m = 0.5 * (x + y);
+        [x * log(x / m) + y * log(y / m) - (x + y) * LN_2, 0.0]
+    };
+    finish(acc0, acc1, l, r, prm) = {
+        sqrt(fmax(0.5 * ((l.t0 + r.t0) * LN_2 + acc0), 0.0))
+    };
+}
+
+semiring! {
+    /// Σ_{x>0} x ln(x/y), x from the left side; +∞ unless every nonzero of the left row is
+    /// shared (the second accumulator counts the shared columns).
+    pub struct KlDivergence = "kl_divergence";
+    reduction: Sum;
+    similarity: false;
+    key: KeyForm::Exact;
+    pair_vanishes: false;
+    gpu_accumulator: f32;
+    total(x, prm) = [1.0, 0.0];
+    pair(x, y, prm) = { [x * log(x / y), 1.0] };
+    finish(acc0, acc1, l, r, prm) = { select(acc1 < l.t0, INF, acc0) };
+}
