@@ -370,6 +370,10 @@ struct BuildSide {
     _reservation: MemoryReservation,
 }
 
+/// What the blocking build task hands back: the index, the right side's other columns, the
+/// index's memory, the bytes it copied to a device, and the right side's row count.
+type BuiltSide = (Box<dyn JoinIndex>, RecordBatch, usize, u64, usize);
+
 /// Counters of the build, shown once per operator.
 struct BuildMetrics {
     rows: Count,
@@ -441,7 +445,7 @@ impl BuildJob {
         let right_schema = right.schema();
         let vector_name = right_schema.field(layout.right_vector).name().clone();
         let built = SpawnedTask::spawn_blocking(
-            move || -> Result<(Box<dyn JoinIndex>, RecordBatch, usize, u64, usize)> {
+            move || -> Result<BuiltSide> {
                 let check = spec.vector_check(&vector_name);
                 let mut vectors = Vec::with_capacity(batches.len());
                 let mut row = 0u64;
