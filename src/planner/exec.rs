@@ -444,40 +444,38 @@ impl BuildJob {
         } = self;
         let right_schema = right.schema();
         let vector_name = right_schema.field(layout.right_vector).name().clone();
-        let built = SpawnedTask::spawn_blocking(
-            move || -> Result<BuiltSide> {
-                let check = spec.vector_check(&vector_name);
-                let mut vectors = Vec::with_capacity(batches.len());
-                let mut row = 0u64;
-                for batch in &batches {
-                    let array = batch.column(layout.right_vector);
-                    vectors.push(SparseBatch::try_from_array(
-                        array.as_ref(),
-                        &check.clone().with_first_row(row),
-                    )?);
-                    row += batch.num_rows() as u64;
-                }
-                let vectors = SparseBatch::concat(&vectors)?;
-                let others_schema = Arc::new(right_schema.project(&layout.right_others)?);
-                let projected = batches
-                    .iter()
-                    .map(|b| b.project(&layout.right_others))
-                    .collect::<std::result::Result<Vec<_>, _>>()?;
-                let others = concat_batches(&others_schema, &projected)?;
-                drop(batches);
-                let backend: Box<dyn Backend> = match device {
-                    Device::Cpu => Box::new(CpuBackend),
-                    Device::Gpu => Box::new(GpuBackend {
-                        options: GpuOptions {
-                            memory_limit: spec.options.gpu_memory_limit,
-                        },
-                    }),
-                };
-                let index = backend.build(&vectors, &spec.metric)?;
-                let (size, bytes) = (index.memory_size(), index.build_bytes_to_device());
-                Ok((index, others, size, bytes, vectors.len()))
-            },
-        )
+        let built = SpawnedTask::spawn_blocking(move || -> Result<BuiltSide> {
+            let check = spec.vector_check(&vector_name);
+            let mut vectors = Vec::with_capacity(batches.len());
+            let mut row = 0u64;
+            for batch in &batches {
+                let array = batch.column(layout.right_vector);
+                vectors.push(SparseBatch::try_from_array(
+                    array.as_ref(),
+                    &check.clone().with_first_row(row),
+                )?);
+                row += batch.num_rows() as u64;
+            }
+            let vectors = SparseBatch::concat(&vectors)?;
+            let others_schema = Arc::new(right_schema.project(&layout.right_others)?);
+            let projected = batches
+                .iter()
+                .map(|b| b.project(&layout.right_others))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let others = concat_batches(&others_schema, &projected)?;
+            drop(batches);
+            let backend: Box<dyn Backend> = match device {
+                Device::Cpu => Box::new(CpuBackend),
+                Device::Gpu => Box::new(GpuBackend {
+                    options: GpuOptions {
+                        memory_limit: spec.options.gpu_memory_limit,
+                    },
+                }),
+            };
+            let index = backend.build(&vectors, &spec.metric)?;
+            let (size, bytes) = (index.memory_size(), index.build_bytes_to_device());
+            Ok((index, others, size, bytes, vectors.len()))
+        })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
         let (index, others, index_size, bytes, rows) = built;
