@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use super::probe::CpuKernels;
+use crate::join::{PairList, ProbeOptions, Selection};
 use crate::metric::{with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring};
 use crate::vector::SparseBatch;
 
@@ -23,6 +23,18 @@ const DENSE_MIN_ROWS: usize = 256;
 
 /// `dense_slot` of a column stored as postings.
 pub(crate) const SPARSE: u32 = u32::MAX;
+
+/// The probe of an index, compiled for the index's metric: the index keeps it behind this trait
+/// so that it needs no type parameter (implemented for every metric in `probe.rs`), and the loops inside are still monomorphised per metric.
+pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
+    fn probe(
+        &self,
+        index: &CpuIndex,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> PairList;
+}
 
 /// Maps a column index to a dense column id of the build side.
 #[derive(Debug)]

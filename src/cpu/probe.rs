@@ -9,25 +9,13 @@ use rayon::prelude::*;
 
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::folded::{folded_row, FoldedScratch};
-use super::index::CpuIndex;
+use super::index::{CpuIndex, CpuKernels};
 use crate::join::{within, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{row_distance, Reduction, Semiring};
 use crate::vector::SparseBatch;
 
 /// Rows per parallel task: small enough to balance skewed degrees across cores.
 const ROWS_PER_TASK: usize = 8;
-
-/// The probe of an index, compiled for the index's metric: the index keeps it behind this trait
-/// so that it needs no type parameter, and the loops inside are still monomorphised per metric.
-pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
-    fn probe(
-        &self,
-        index: &CpuIndex,
-        left: &SparseBatch,
-        selection: Selection,
-        options: ProbeOptions,
-    ) -> PairList;
-}
 
 impl<S: Semiring> CpuKernels for S {
     fn probe(

@@ -19,7 +19,7 @@ use super::kernels::MetricProgram;
 use super::launch::{folded_fixed_smem, PartLaunch};
 use super::memory::upload;
 use super::prepare::{estimate_bytes, prepare_part, upload_part, ColumnMap, DevPart, HostPart};
-use super::{record_process_stats, GpuOptions, GpuStats};
+use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{RowTotals, Semiring};
 use crate::vector::SparseBatch;

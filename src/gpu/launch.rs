@@ -10,7 +10,7 @@ use super::device::{cuda_err, Device};
 use super::kernels::{MetricProgram, FOLDED_THREADS, MAX_THREADS};
 use super::memory::{addr, download, upload, zeros};
 use super::prepare::{max_left_rows, ColumnMap, DevPart};
-use super::GpuStats;
+use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
 use crate::vector::SparseBatch;
 

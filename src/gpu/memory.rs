@@ -5,7 +5,7 @@ use datafusion::common::Result;
 
 use super::args::DevPtr;
 use super::device::{cuda_err, Device};
-use super::GpuStats;
+use super::stats::GpuStats;
 
 /// Copies `data` to the device, counting the bytes.
 pub(crate) fn upload<T: DeviceRepr>(

@@ -18,35 +18,18 @@ pub mod kernels;
 mod launch;
 mod memory;
 mod prepare;
+mod stats;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use datafusion::common::Result;
 
 pub use index::GpuIndex;
+pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{Backend, JoinIndex, ProbeOptions, Probed, Selection};
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
-
-/// Settings of one GPU join.
-#[derive(Debug, Clone, Default)]
-pub struct GpuOptions {
-    /// Device memory the operator may use, in bytes (None: most of the device's free memory).
-    pub memory_limit: Option<u64>,
-}
-
-/// Counters an operator reports in EXPLAIN ANALYZE.
-#[derive(Debug, Clone, Default)]
-pub struct GpuStats {
-    /// Bytes copied from the host to the device (right side once, then every left batch).
-    pub bytes_to_device: u64,
-    /// Time inside kernels, measured with device events.
-    pub kernel_nanos: u64,
-    /// Largest device memory held at once by the index's own buffers (right side + one probe).
-    pub peak_device_bytes: u64,
-}
 
 /// Whether a CUDA driver and at least one device can be used.
 pub fn is_available() -> bool {
@@ -119,30 +102,4 @@ impl JoinIndex for GpuIndex {
     fn build_bytes_to_device(&self) -> u64 {
         self.stats().bytes_to_device
     }
-}
-
-static BYTES_TO_DEVICE: AtomicU64 = AtomicU64::new(0);
-static KERNEL_NANOS: AtomicU64 = AtomicU64::new(0);
-static PEAK_DEVICE_BYTES: AtomicU64 = AtomicU64::new(0);
-
-pub(crate) fn record_process_stats(s: &GpuStats) {
-    BYTES_TO_DEVICE.fetch_add(s.bytes_to_device, Ordering::Relaxed);
-    KERNEL_NANOS.fetch_add(s.kernel_nanos, Ordering::Relaxed);
-    PEAK_DEVICE_BYTES.fetch_max(s.peak_device_bytes, Ordering::Relaxed);
-}
-
-/// Totals over every GPU operator of this process since the last reset (for `sparse-knn bench`);
-/// the peak is the largest of any one index.
-pub fn process_stats() -> GpuStats {
-    GpuStats {
-        bytes_to_device: BYTES_TO_DEVICE.load(Ordering::Relaxed),
-        kernel_nanos: KERNEL_NANOS.load(Ordering::Relaxed),
-        peak_device_bytes: PEAK_DEVICE_BYTES.load(Ordering::Relaxed),
-    }
-}
-
-pub fn reset_process_stats() {
-    BYTES_TO_DEVICE.store(0, Ordering::Relaxed);
-    KERNEL_NANOS.store(0, Ordering::Relaxed);
-    PEAK_DEVICE_BYTES.store(0, Ordering::Relaxed);
 }

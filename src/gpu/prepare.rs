@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use super::device::Device;
 use super::kernels::MetricProgram;
 use super::memory::upload;
-use super::GpuStats;
+use super::stats::GpuStats;
 use crate::metric::RowTotals;
 use crate::vector::SparseBatch;
 

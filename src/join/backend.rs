@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use datafusion::common::Result;
 
-use super::{PairList, ProbeOptions, Selection};
+use super::pairs::PairList;
+use super::selection::{ProbeOptions, Selection};
 use crate::metric::Metric;
 use crate::vector::SparseBatch;
 

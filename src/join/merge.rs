@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::PairList;
+use super::pairs::PairList;
 
 /// Merges top-k lists that each cover some right rows (each ordered by left row, then rank) into
 /// one, keeping the k nearest per left row, ties to the smaller right row.

@@ -6,54 +6,11 @@
 mod backend;
 mod merge;
 mod pairs;
+mod selection;
 mod topk;
 
 pub use backend::{Backend, JoinIndex, Probed};
 pub use merge::{merge_nearest, merge_within};
 pub use pairs::PairList;
+pub use selection::{within, ProbeOptions, Selection};
 pub use topk::TopK;
-
-/// What to keep of each left row's distances.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Selection {
-    /// The k nearest (for a similarity: the k largest), ties to the earlier right row.
-    Nearest(usize),
-    /// Every pair within the radius (for a similarity: at least the radius).
-    Within(f64),
-}
-
-/// How left rows relate to right rows for `exclude_self`.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct ProbeOptions {
-    /// When set, the left batch's row `i` sits at position `first_row + i` of the self-joined
-    /// input, and the right row at that same position is skipped.
-    pub exclude_self_from: Option<u64>,
-}
-
-impl ProbeOptions {
-    /// The options for the rows of this batch from `offset` on, as a batch of their own.
-    pub fn shifted(&self, offset: usize) -> Self {
-        ProbeOptions {
-            exclude_self_from: self.exclude_self_from.map(|first| first + offset as u64),
-        }
-    }
-
-    /// The right row (of `right_rows`) that left row `row` of the batch must not be paired with.
-    #[inline]
-    pub fn excluded_right_row(&self, row: usize, right_rows: usize) -> Option<usize> {
-        self.exclude_self_from
-            .map(|first| first + row as u64)
-            .filter(|&p| p < right_rows as u64)
-            .map(|p| p as usize)
-    }
-}
-
-/// Whether a pair at `distance` is kept by a radius join (for a similarity: at least `radius`).
-#[inline]
-pub fn within(similarity: bool, distance: f64, radius: f64) -> bool {
-    if similarity {
-        distance >= radius
-    } else {
-        distance <= radius
-    }
-}
