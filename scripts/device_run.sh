@@ -3,6 +3,7 @@
 # same under compute-sanitizer, and/or the benchmark with the anchors on the same Parquet files.
 #   scripts/device_run.sh test            # devrun/gpu_test(.gz) --ignored, then memcheck
 #   scripts/device_run.sh bench [ROWS...]  # devrun/sparse-knn(.gz) bench + devrun/anchors.py
+#   scripts/device_run.sh compare         # devrun/sparse-knn-old against devrun/sparse-knn, same file
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +19,9 @@ done
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
 ls /usr/local/cuda/lib64/libnvrtc* 2>&1 | head -3 | tee -a "$OUT/device.txt"
 
-unpack() {  # devrun/NAME or devrun/NAME.gz -> /tmp/NAME
-    if [ -f "devrun/$1.gz" ]; then gunzip -c "devrun/$1.gz" >"/tmp/$1"; else cp "devrun/$1" "/tmp/$1"; fi
+unpack() {  # devrun/NAME, NAME.gz or NAME.xz (stripped binaries: the carry limit is 64 MiB) -> /tmp/NAME
+    if [ -f "devrun/$1.xz" ]; then xz -dc "devrun/$1.xz" >"/tmp/$1" 2>/dev/null || python3 -c "import lzma, sys; sys.stdout.buffer.write(lzma.open(sys.argv[1]).read())" "devrun/$1.xz" >"/tmp/$1";
+    elif [ -f "devrun/$1.gz" ]; then gunzip -c "devrun/$1.gz" >"/tmp/$1"; else cp "devrun/$1" "/tmp/$1"; fi
     chmod +x "/tmp/$1"
 }
 
@@ -27,6 +29,14 @@ if [ "$mode" = test ]; then
     unpack gpu_test
     /tmp/gpu_test --ignored --test-threads=1 2>&1 | tee "$OUT/gpu_test.log"
     echo "gpu_test exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+    # Other test binaries with GPU cases (a metric defined in a test; SQL joins with device=gpu).
+    for t in custom_metric_test joins_test; do
+        if ls devrun/$t* >/dev/null 2>&1; then
+            unpack $t
+            /tmp/$t --include-ignored --test-threads=1 2>&1 | tee -a "$OUT/gpu_test.log"
+            echo "$t exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+        fi
+    done
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     if [ -x "$SAN" ]; then
         # The smaller tests: memcheck slows kernels down by orders of magnitude.
@@ -69,4 +79,24 @@ if [ "$mode" = bench ]; then
     if [ -f devrun/anchors.py ] && [ -n "$PARQ" ] && [ "${SKIP_ANCHORS:-0}" != 1 ]; then
         PYTHONUNBUFFERED=1 Q=$Q OUT=$OUT timeout ${ANCHOR_TIMEOUT:-300} python3 devrun/anchors.py $PARQ 2>&1 | tee "$OUT/anchors.log" || true
     fi
+fi
+
+if [ "$mode" = compare ]; then
+    # The old binary against the new on one generated file, alternating so that drift of the
+    # machine shows in both; each bench keeps the fastest of its repeats.
+    unpack sparse-knn
+    unpack sparse-knn-old
+    mkdir -p /tmp/data /tmp/json
+    f=/tmp/data/${CMP_SHAPE:-movielens}.parquet
+    /tmp/sparse-knn generate --shape "${CMP_SHAPE:-movielens}" --rows "${CMP_ROWS:-100000}" --output "$f" 2>&1 \
+        | tail -1 | tee -a "$OUT/compare.log"
+    for round in 1 2; do
+        for b in sparse-knn-old sparse-knn; do
+            echo "== $b round $round" | tee -a "$OUT/compare.log"
+            timeout ${BENCH_TIMEOUT:-200} /tmp/$b bench --input "$f" \
+                --metrics "${CMP_METRICS:-cosine,manhattan,jensenshannon}" --devices gpu -k 10 --repeat 3 \
+                --json "/tmp/json/${b}_$round.json" 2>&1 | tee -a "$OUT/compare.log"
+        done
+    done
+    tar czf "$OUT/compare_json.tgz" -C /tmp/json .
 fi
