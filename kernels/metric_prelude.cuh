@@ -24,3 +24,7 @@ struct Totals {
 
 __device__ __forceinline__ double select(bool c, double a, double b) { return c ? a : b; }
 __device__ __forceinline__ double clamp(double x, double lo, double hi) { return fmin(fmax(x, lo), hi); }
+// See `folded` in src/metric/math.rs.
+__device__ __forceinline__ double folded(double sum, double scale) {
+    return sum <= 1e-13 * scale ? 0.0 : sum;
+}

@@ -88,7 +88,7 @@ semiring! {
         [pow(fabs(x - y), prm.p) - pow(fabs(x), prm.p) - pow(fabs(y), prm.p), 0.0]
     };
     finish(acc0, acc1, l, r, prm) = {
-        pow(fmax(l.t0 + r.t0 + acc0, 0.0), 1.0 / prm.p)
+        pow(folded(l.t0 + r.t0 + acc0, l.t0 + r.t0), 1.0 / prm.p)
     };
     exact_term(x, y, prm) = pow(fabs(x - y), prm.p);
 }
