@@ -252,12 +252,11 @@ fn unsorted_indices_are_accepted_and_kept() {
 
 #[test]
 fn null_vectors_in_every_position() {
-    // A NULL struct, a valid struct whose indices list is NULL, and NULL rows of Map and dense
-    // lists are all NULL vectors. A NULL row's hidden entries are never checked.
+    // A NULL struct, and NULL rows of Map and dense lists are NULL vectors; a NULL struct's lists
+    // may be NULL too. A NULL row's hidden entries are never checked.
     let indices = list::<Int32Type>(&[Some(vec![1]), None, Some(vec![-5, -5])]);
-    let values =
-        list::<Float32Type>(&[Some(vec![1.0]), Some(vec![2.0]), Some(vec![f32::NAN, 1.0])]);
-    let array = struct_of(indices, values, Some(vec![true, true, false]));
+    let values = list::<Float32Type>(&[Some(vec![1.0]), None, Some(vec![f32::NAN, 1.0])]);
+    let array = struct_of(indices, values, Some(vec![true, false, false]));
     let b = SparseBatch::try_from_array(array.as_ref(), &VectorCheck::new("v").with_dim(Some(4)))
         .unwrap();
     assert_eq!(
@@ -272,6 +271,51 @@ fn null_vectors_in_every_position() {
     // An all-zero dense row is the empty (zero) vector, not NULL.
     let z = convert(fixed_size::<Float64Type>(&[Some(vec![0.0, 0.0, 0.0])], 3).as_ref());
     assert!(!z.is_null(0) && z.row_len(0) == 0);
+}
+
+/// A NULL `indices` or `values` list inside a non-NULL vector is an error naming column and row,
+/// in the canonical layout (taken as it is) and in the converted ones.
+#[test]
+fn a_null_list_inside_a_valid_vector_is_an_error() {
+    for field in ["indices", "values"] {
+        let (ind, val) = if field == "indices" {
+            (
+                vec![Some(vec![1]), None],
+                vec![Some(vec![1.0]), Some(vec![2.0])],
+            )
+        } else {
+            (
+                vec![Some(vec![1]), Some(vec![2])],
+                vec![Some(vec![1.0]), None],
+            )
+        };
+        let canonical = struct_of(list::<Int32Type>(&ind), list::<Float32Type>(&val), None);
+        let widened = struct_of(
+            list::<Int64Type>(
+                &ind.iter()
+                    .map(|r| r.as_ref().map(|v| v.iter().map(|&i| i as i64).collect()))
+                    .collect::<Vec<_>>(),
+            ),
+            list::<Float64Type>(
+                &val.iter()
+                    .map(|r| r.as_ref().map(|v| v.iter().map(|&x| x as f64).collect()))
+                    .collect::<Vec<_>>(),
+            ),
+            None,
+        );
+        for array in [canonical, widened] {
+            let check = VectorCheck::new("emb").with_first_row(40);
+            let err = SparseBatch::try_from_array(array.as_ref(), &check)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("emb")
+                    && err.contains("row 41")
+                    && err.contains(&format!("'{field}' list is NULL")),
+                "{err}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -199,13 +199,12 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
             let ic = il.values().as_primitive::<Int32Type>();
             let vc = vl.values().as_primitive::<Float32Type>();
             if il.offsets() == vl.offsets() && ic.null_count() == 0 && vc.null_count() == 0 {
-                let nulls =
-                    merge_nulls(array.nulls(), merge_nulls(il.nulls(), vl.nulls()).as_ref());
+                reject_null_lists(array.nulls(), il.nulls(), vl.nulls(), check)?;
                 return Ok(SparseBatch::from_parts(
                     il.offsets().inner().clone(),
                     ic.values().clone(),
                     vc.values().clone(),
-                    nulls,
+                    array.nulls().cloned(),
                 ));
             }
         }
@@ -213,11 +212,34 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
 
     let ip = list_parts(indices.as_ref(), check, "field 'indices'")?;
     let vp = list_parts(values.as_ref(), check, "field 'values'")?;
-    let nulls = merge_nulls(
-        array.nulls(),
-        merge_nulls(ip.nulls.as_ref(), vp.nulls.as_ref()).as_ref(),
-    );
-    build(array.len(), &ip, &vp, nulls, check)
+    reject_null_lists(array.nulls(), ip.nulls.as_ref(), vp.nulls.as_ref(), check)?;
+    build(array.len(), &ip, &vp, array.nulls().cloned(), check)
+}
+
+/// A NULL `indices` or `values` list inside a non-NULL vector is neither the NULL vector (that is
+/// a NULL struct) nor the zero vector (empty lists): an error, rather than a guess.
+fn reject_null_lists(
+    rows: Option<&NullBuffer>,
+    indices: Option<&NullBuffer>,
+    values: Option<&NullBuffer>,
+    check: &VectorCheck,
+) -> Result<()> {
+    for (field, lists) in [("indices", indices), ("values", values)] {
+        let Some(lists) = lists else { continue };
+        if lists.null_count() == 0 {
+            continue;
+        }
+        if let Some(row) =
+            (0..lists.len()).find(|&r| lists.is_null(r) && !rows.is_some_and(|n| n.is_null(r)))
+        {
+            return exec_err!(
+                "{}: the '{field}' list is NULL inside a non-NULL vector; write a NULL vector as \
+                 a NULL struct and the zero vector as empty lists",
+                check.row_label(row)
+            );
+        }
+    }
+    Ok(())
 }
 
 fn from_map(array: &MapArray, check: &VectorCheck) -> Result<SparseBatch> {
