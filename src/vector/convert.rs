@@ -121,10 +121,6 @@ fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<List
     })
 }
 
-fn merge_nulls(a: Option<&NullBuffer>, b: Option<&NullBuffer>) -> Option<NullBuffer> {
-    NullBuffer::union(a, b)
-}
-
 /// Indices of a flat child array, widened to i64 (row checks narrow them to i32).
 fn index_values(child: &ArrayRef) -> Result<Vec<i64>> {
     let c = cast(child, &DataType::Int64)?;
