@@ -7,7 +7,8 @@
 //!   accept.
 //! - Without DataFusion in Python: `kneighbors`, `radius_neighbors` and `join_table` run the
 //!   crate's DataFrame-level `knn_join` / `radius_join` in a session of their own, on inputs held
-//!   as [`Source`]s (a CSR matrix, Arrow data or a Parquet path), with the GIL released.
+//!   as [`Source`]s (Arrow data, which is how the package passes scipy matrices too, or a
+//!   Parquet path), with the GIL released.
 //!
 //! The Python package (`python/python/datafusion_sparse_knn/__init__.py`) turns user inputs into
 //! [`Source`]s and shapes the results like scikit-learn's.

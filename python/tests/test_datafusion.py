@@ -67,7 +67,7 @@ def test_knn_join_on_a_parquet_path_and_options(ctx):
 def test_knn_join_on_in_memory_tables(ctx, kos_table):
     ctx.from_arrow(kos_table.slice(0, 20), name="queries")
     ctx.register_record_batches("corpus", [kos_table.to_batches()])
-    table = rows(ctx, "SELECT * FROM knn_join(queries, 'corpus', 'jaccard', 4)")
+    table = rows(ctx, "SELECT * FROM knn_join('queries', 'corpus', 'jaccard', 4)")
     assert table.column_names == ["query_doc_id", "neighbor_doc_id", "distance", "rank"]
     assert table.num_rows == 80
     _, indices = knn.kneighbors(kos_table.slice(0, 20), kos_table, k=4, metric="jaccard")
