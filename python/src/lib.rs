@@ -19,13 +19,18 @@ use arrow::array::{
     Array, ArrayRef, AsArray, Float64Array, Int64Array, RecordBatch, RecordBatchIterator,
     RecordBatchReader,
 };
-use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema, SchemaRef};
+use arrow::datatypes::{
+    DataType, Field, FieldRef, Float64Type, Int32Type, Int64Type, Schema, SchemaRef,
+};
 use arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
 use datafusion::catalog::TableFunctionImpl;
+use datafusion::common::ScalarValue;
 use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::MemTable;
-use datafusion::logical_expr::ScalarUDF;
+use datafusion::logical_expr::{
+    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+};
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::udf::FFI_ScalarUDF;
@@ -84,9 +89,9 @@ impl Source {
     #[staticmethod]
     fn from_arrow(data: &Bound<'_, PyAny>) -> PyResult<Self> {
         let capsule = data.call_method0("__arrow_c_stream__")?;
-        let capsule = capsule.cast::<PyCapsule>().map_err(|_| {
-            PyValueError::new_err("__arrow_c_stream__ did not return a PyCapsule")
-        })?;
+        let capsule = capsule
+            .cast::<PyCapsule>()
+            .map_err(|_| PyValueError::new_err("__arrow_c_stream__ did not return a PyCapsule"))?;
         let pointer = capsule.pointer_checked(Some(c"arrow_array_stream"))?;
         // SAFETY: the capsule's name says it holds an ArrowArrayStream; from_raw moves the stream
         // out and leaves a released one behind, which the capsule's destructor then ignores.
@@ -238,7 +243,6 @@ fn in_memory(schema: SchemaRef, batches: Vec<RecordBatch>) -> Input {
 /// Pairs `(query row, neighbour row, distance, rank)` of a join over row-numbered inputs.
 struct Pairs {
     left_rows: usize,
-    right_rows: usize,
     batches: Vec<RecordBatch>,
 }
 
@@ -282,7 +286,6 @@ async fn pairs(
         .select_columns(&columns)?;
     Ok(Pairs {
         left_rows,
-        right_rows,
         batches: df.collect().await?,
     })
 }
@@ -388,9 +391,7 @@ fn radius_arrays(pairs: &Pairs, similarity: bool) -> ArrowStream {
 fn inputs(left: &Bound<'_, Source>, right: Option<&Bound<'_, Source>>) -> (Input, Option<Input>) {
     let l = left.get().input.clone();
     // The same Python object on both sides is one table (what exclude_self counts rows over).
-    let r = right
-        .filter(|r| !r.is(left))
-        .map(|r| r.get().input.clone());
+    let r = right.filter(|r| !r.is(left)).map(|r| r.get().input.clone());
     (l, r)
 }
 
@@ -475,6 +476,82 @@ fn join_table(
 // ---------------------------------------------------------------------------------------------
 // datafusion-python (FFI)
 
+/// A scalar function as it is exported through datafusion-ffi 55, which hands every argument
+/// over as an array, literals included (`'cosine'` arrives as a column of `'cosine'`). The
+/// crate's functions want their metric, options, norm or dimension as constants, so an argument
+/// of a non-nested type whose rows are all one non-NULL value is handed back as that scalar.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct ConstantArguments {
+    inner: Arc<ScalarUDF>,
+}
+
+fn as_constant(value: ColumnarValue) -> Result<ColumnarValue> {
+    let ColumnarValue::Array(array) = &value else {
+        return Ok(value);
+    };
+    if array.is_empty() || array.null_count() > 0 || array.data_type().is_nested() {
+        return Ok(value);
+    }
+    let first = ScalarValue::try_from_array(array, 0)?;
+    let same = datafusion::arrow::compute::kernels::cmp::eq(&first.to_scalar()?, array)?;
+    if same.true_count() == array.len() {
+        Ok(ColumnarValue::Scalar(first))
+    } else {
+        Ok(value)
+    }
+}
+
+impl ScalarUDFImpl for ConstantArguments {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn aliases(&self) -> &[String] {
+        self.inner.aliases()
+    }
+
+    fn signature(&self) -> &Signature {
+        self.inner.signature()
+    }
+
+    fn return_type(&self, arg_types: &[DataType]) -> Result<DataType> {
+        self.inner.return_type(arg_types)
+    }
+
+    fn return_field_from_args(&self, args: ReturnFieldArgs) -> Result<FieldRef> {
+        self.inner.return_field_from_args(args)
+    }
+
+    fn coerce_types(&self, arg_types: &[DataType]) -> Result<Vec<DataType>> {
+        self.inner.coerce_types(arg_types)
+    }
+
+    fn short_circuits(&self) -> bool {
+        self.inner.short_circuits()
+    }
+
+    fn invoke_with_args(&self, mut args: ScalarFunctionArgs) -> Result<ColumnarValue> {
+        let rows = args.number_rows;
+        args.args = args
+            .args
+            .into_iter()
+            .map(as_constant)
+            .collect::<Result<_>>()?;
+        let all_scalar = args
+            .args
+            .iter()
+            .all(|a| matches!(a, ColumnarValue::Scalar(_)));
+        let out = self.inner.invoke_with_args(args)?;
+        // The caller had arrays; give it one row per input row back.
+        match out {
+            ColumnarValue::Scalar(s) if all_scalar => {
+                Ok(ColumnarValue::Array(s.to_array_of_size(rows)?))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
 /// One scalar function of the crate, exported to datafusion-python.
 #[pyclass(frozen, module = "datafusion_sparse_knn._internal")]
 struct ScalarFunction {
@@ -489,7 +566,10 @@ impl ScalarFunction {
     }
 
     fn __datafusion_scalar_udf__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyCapsule>> {
-        let udf = FFI_ScalarUDF::from(Arc::clone(&self.udf));
+        let udf = Arc::new(ScalarUDF::new_from_impl(ConstantArguments {
+            inner: Arc::clone(&self.udf),
+        }));
+        let udf = FFI_ScalarUDF::from(udf);
         PyCapsule::new_with_value(py, udf, c"datafusion_scalar_udf")
     }
 

@@ -138,7 +138,7 @@ BAD = sp.csr_matrix(np.array([[1.0, 0.0, np.nan], [0.0, 2.0, 1.0]]))
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda X: knn.kneighbors(BAD, X, k=1), "NaN"),
+        (lambda X: knn.kneighbors(BAD, k=1), "NaN"),
         (lambda X: knn.kneighbors(-X, X, k=1, metric="jensenshannon"), "negative"),
         (lambda X: knn.kneighbors(X, k=1, metric="no_such_metric"), "no_such_metric"),
         (lambda X: knn.kneighbors(X, k=1, nonsense=3), "nonsense"),
