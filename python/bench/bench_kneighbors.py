@@ -3,8 +3,8 @@
     python python/bench/bench_kneighbors.py --parquet ../shared/data/kos_bow.parquet
     python python/bench/bench_kneighbors.py --rows 20000 --cols 50000   # generated power-law
 
-Prints, per metric, both timings (best of --repeat), the ratio, and how many neighbour lists
-agree exactly (ties may legitimately differ).
+Prints, per metric, both timings (best of --repeat), the ratio, how many neighbour lists agree
+exactly (ties may legitimately differ) and how many rows have the same k distances (rtol 1e-4).
 """
 
 from __future__ import annotations
@@ -79,13 +79,14 @@ def main() -> None:
     source = args.parquet or f"power-law rows={args.rows} cols={args.cols} degree={args.degree} seed={args.seed}"
     print(f"data: {source}: {X.shape[0]} x {X.shape[1]}, {X.nnz} nonzeros; {Q.shape[0]} queries, k={args.k}")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs; datafusion-sparse-knn {knn.__version__}")
-    print(f"{'metric':<12} {'sparse-knn s':>13} {'sklearn s':>10} {'ratio':>8} {'same lists':>11}")
+    print(f"{'metric':<12} {'sparse-knn s':>13} {'sklearn s':>10} {'ratio':>8} {'same lists':>11} {'same dists':>11}")
     for metric in args.metrics.split(","):
-        ours_t, (_, ours_i) = best(lambda: knn.kneighbors(Q, X, k=args.k, metric=metric, device="cpu"), args.repeat)
+        ours_t, (ours_d, ours_i) = best(lambda: knn.kneighbors(Q, X, k=args.k, metric=metric, device="cpu"), args.repeat)
         nn = NearestNeighbors(n_neighbors=args.k, algorithm="brute", metric=metric, n_jobs=-1).fit(X)
-        sk_t, (_, sk_i) = best(lambda: nn.kneighbors(Q), args.repeat)
+        sk_t, (sk_d, sk_i) = best(lambda: nn.kneighbors(Q), args.repeat)
         same = (np.sort(ours_i, axis=1) == np.sort(sk_i, axis=1)).all(axis=1).mean()
-        print(f"{metric:<12} {ours_t:>13.3f} {sk_t:>10.3f} {sk_t / ours_t:>7.1f}x {same:>10.1%}")
+        dists = np.isclose(ours_d, sk_d, rtol=1e-4, atol=1e-6).all(axis=1).mean()
+        print(f"{metric:<12} {ours_t:>13.3f} {sk_t:>10.3f} {sk_t / ours_t:>7.1f}x {same:>10.1%} {dists:>10.1%}")
 
 
 if __name__ == "__main__":
