@@ -59,11 +59,28 @@ fn resolve_table(
                 return Ok(table);
             }
         }
+    } else if let Some(table) = table_from_catalog(session, text) {
+        return Ok(table);
     }
     if looks_like_path(text) {
         return parquet_table(function, argument, text, session.config_options());
     }
     plan_err!("{function}: {argument}: '{text}' is neither a registered table nor an existing Parquet file or folder")
+}
+
+/// A session that is no `SessionState` (a foreign one: datafusion-python calling the UDTF through
+/// datafusion-ffi) still answers through its catalog list.
+fn table_from_catalog(session: &dyn Session, text: &str) -> Option<Arc<dyn TableProvider>> {
+    let defaults = &session.config_options().catalog;
+    let reference =
+        TableReference::from(text).resolve(&defaults.default_catalog, &defaults.default_schema);
+    let schema = session
+        .catalog_list()
+        .catalog(&reference.catalog)?
+        .schema(&reference.schema)?;
+    futures::executor::block_on(schema.table(&reference.table))
+        .ok()
+        .flatten()
 }
 
 impl TableFunctionImpl for SparseJoinFunction {
