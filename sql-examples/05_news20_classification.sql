@@ -46,3 +46,29 @@ FROM predictions;
 SELECT truth AS newsgroup, count(*) AS posts,
        round(avg(CASE WHEN predicted = truth THEN 1.0 ELSE 0.0 END), 3) AS accuracy
 FROM predictions GROUP BY truth ORDER BY truth;
+
+-- Why neighbours are near: for three test posts, the words that weigh most in both the post and
+-- its nearest training post (the products of their TF-IDF weights, whose sum is the cosine
+-- similarity), named through the vocabulary file.
+CREATE EXTERNAL TABLE vocab STORED AS PARQUET LOCATION 'data/news20_vocab.parquet';
+
+CREATE TABLE nearest AS
+SELECT query_doc_id AS doc, neighbor_doc_id AS neighbour, query_newsgroup AS newsgroup,
+       neighbor_newsgroup AS neighbour_newsgroup, distance
+FROM knn_join((SELECT * FROM test ORDER BY doc_id LIMIT 3), train, 'cosine', 1);
+
+CREATE TABLE weights AS
+SELECT doc_id, unnest(vec['indices']) AS word_id, unnest(vec['values']) AS w FROM tfidf;
+
+SELECT doc, neighbour, newsgroup, neighbour_newsgroup, round(distance, 3) AS distance, word,
+       round(weight, 4) AS weight
+FROM (
+    SELECT n.*, v.word, a.w * b.w AS weight,
+           row_number() OVER (PARTITION BY n.doc ORDER BY a.w * b.w DESC, v.word) AS place
+    FROM nearest n
+    JOIN weights a ON a.doc_id = n.doc
+    JOIN weights b ON b.doc_id = n.neighbour AND b.word_id = a.word_id
+    JOIN vocab v ON v.word_id = a.word_id
+)
+WHERE place <= 5
+ORDER BY doc, place;

@@ -532,12 +532,23 @@ fn sql_examples_run() {
     // Every test post of the cut, classified well above chance (1 in 20).
     let r = example(
         "05_news20_classification.sql",
-        &["test_posts,accuracy", "newsgroup,posts,accuracy"],
+        &[
+            "test_posts,accuracy",
+            "newsgroup,posts,accuracy",
+            "doc,neighbour,newsgroup,neighbour_newsgroup,distance,word,weight",
+        ],
     );
     assert_eq!(r[0][0][0], "503");
     let accuracy = num(&r[0][0][1]);
     assert!(accuracy > 0.6, "accuracy {accuracy}");
     assert_eq!(r[1].len(), 20);
+    // Three posts, five shared words each, named through the vocabulary, heaviest first.
+    assert_eq!(r[2].len(), 15, "{:?}", r[2]);
+    for rows in r[2].chunks(5) {
+        assert!(rows.iter().all(|row| row[0] == rows[0][0]));
+        assert!(rows.iter().all(|row| row[5].len() >= 2));
+        assert!(rows.windows(2).all(|w| num(&w[0][6]) >= num(&w[1][6])));
+    }
 }
 
 /// The README's quick start, command by command, as a new user runs it: from a copy of the
