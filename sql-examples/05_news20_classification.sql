@@ -49,7 +49,8 @@ FROM predictions GROUP BY truth ORDER BY truth;
 
 -- Why neighbours are near: for three test posts, the words that weigh most in both the post and
 -- its nearest training post (the products of their TF-IDF weights, whose sum is the cosine
--- similarity), named through the vocabulary file.
+-- similarity), named through the vocabulary file. The posts' headers are part of the counts, so
+-- the rare words they share are often the poster's name and site: the same author, found again.
 CREATE EXTERNAL TABLE vocab STORED AS PARQUET LOCATION 'data/news20_vocab.parquet';
 
 CREATE TABLE nearest AS

@@ -126,14 +126,15 @@ async fn sql_examples_in_the_docs_give_what_they_show() {
                 continue;
             }
             let at = format!("{name}:{}", block.line);
+            // The next block is this one's result if it is a result block and at most a short
+            // paragraph stands between them; further away, it belongs to another example.
             let next = all.get(i + 1).filter(|b| {
-                // Only a block that follows with nothing but blank lines or prose of one
-                // paragraph is this block's result; a far one belongs to another example.
-                b.info == "text" || b.info == "error"
-            });
-            let next = next.filter(|b| {
                 let between = &text[block.range.end..b.range.start];
-                between.lines().filter(|l| !l.trim().is_empty()).count() <= 2
+                let prose = between
+                    .lines()
+                    .filter(|l| !l.trim().is_empty() && !l.starts_with("```"))
+                    .count();
+                (b.info == "text" || b.info == "error") && prose <= 3
             });
             match next.map(|b| b.info.as_str()) {
                 Some("error") => {
