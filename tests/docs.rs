@@ -18,7 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow::array::{AsArray, RecordBatch};
+use arrow::array::AsArray;
 use arrow::datatypes::{Float64Type, Int32Type, Int64Type, SchemaRef};
 use datafusion::error::Result;
 use datafusion::prelude::SessionContext;
@@ -371,6 +371,7 @@ mod rust_api_examples {
     }
 
     async fn dataframe_join() -> Result<Vec<RecordBatch>> {
+        use datafusion::execution::FunctionRegistry;
         use datafusion::functions_aggregate::expr_fn::count;
         use datafusion_sparse_knn::planner::{knn_join, radius_join};
 
