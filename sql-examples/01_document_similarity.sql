@@ -1,7 +1,7 @@
 -- Document similarity on a bag of words: for five KOS blog entries, the five most similar other
 -- entries by cosine distance over their word counts (UCI Bag of Words, CC BY 4.0).
 -- Run from the repository root:  sparse-knn sql sql-examples/01_document_similarity.sql
-CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION '../shared/data/kos_bow.parquet';
+CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION 'data/kos_bow.parquet';
 
 -- The query documents; k = 6 because each one finds itself first, at distance 0.
 CREATE TABLE kos_queries AS SELECT * FROM kos WHERE doc_id IN (10, 250, 1000, 2000, 3000);

@@ -2,7 +2,7 @@
 -- (exclude_self drops the pair of a row with itself), then properties of the graph: how many
 -- edges are mutual and how distance grows with rank.
 -- Run from the repository root:  sparse-knn sql sql-examples/02_knn_graph.sql
-CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION '../shared/data/kos_bow.parquet';
+CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION 'data/kos_bow.parquet';
 
 -- l2-normalised rows make euclidean distance a monotone function of cosine similarity.
 CREATE TABLE docs AS SELECT doc_id, sparse_normalize(vec, 'l2') AS vec FROM kos;

@@ -2,7 +2,7 @@
 -- company names that start with 'AB' whose 3-gram count vectors are within cosine distance 0.25
 -- of one another (case and spacing ignored): near-duplicate spellings and numbered series.
 -- Run from the repository root:  sparse-knn sql sql-examples/03_string_matching.sql
-CREATE EXTERNAL TABLE names STORED AS PARQUET LOCATION '../shared/data/sec_edgar_names_100k.parquet';
+CREATE EXTERNAL TABLE names STORED AS PARQUET LOCATION 'data/sec_edgar_names.parquet';
 
 -- EDGAR pads names with runs of spaces before suffixes like '/BD'; collapsed first, or the
 -- shared '   ' n-grams would make unrelated names look alike.

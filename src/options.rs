@@ -1,32 +1,144 @@
 //! Options of the join functions and `sparse_distance`: the `'key=value, ...'` string and the
 //! session settings (`SET sparse_knn.device = 'gpu'`) that give their defaults.
 
+use std::any::Any;
 use std::fmt;
 use std::str::FromStr;
 
-use datafusion::common::config::ConfigExtension;
-use datafusion::common::{extensions_options, plan_err, DataFusionError, Result};
+use datafusion::common::config::{
+    ConfigEntry, ConfigExtension, ConfigField, ExtensionOptions, Visit,
+};
+use datafusion::common::{plan_err, DataFusionError, Result};
 
 use crate::metric::Metric;
 
-extensions_options! {
-    /// Session defaults for the sparse-knn functions (`SET sparse_knn.<key> = ...`).
+/// Declares the session settings once: the struct and its defaults, DataFusion's
+/// [`ConfigField`] / [`ExtensionOptions`] for it, and [`SparseKnnConfig::KEYS`].
+///
+/// Written out rather than taken from DataFusion's `extensions_options!`, whose `entries()` lists
+/// the keys without their prefix (`device`, not `sparse_knn.device`): `SHOW sparse_knn.device`
+/// checks the name against that list and failed, `SHOW ALL` showed bare `device`, and
+/// `datafusion-ffi` replays every entry with `ConfigOptions::set`, which needs the prefix.
+macro_rules! sparse_knn_settings {
+    (
+        $(#[doc = $struct_doc:literal])*
+        pub struct $name:ident {
+            $( $(#[doc = $doc:literal])* pub $field:ident : $ty:ty = $default:expr, )*
+        }
+    ) => {
+        $(#[doc = $struct_doc])*
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct $name {
+            $( $(#[doc = $doc])* pub $field: $ty, )*
+        }
+
+        impl Default for $name {
+            fn default() -> Self {
+                Self { $( $field: $default, )* }
+            }
+        }
+
+        impl $name {
+            /// The setting names, without the `sparse_knn.` prefix; each is also a key of the
+            /// options string.
+            pub const KEYS: &'static [&'static str] = &[$( stringify!($field) ),*];
+        }
+
+        impl ConfigField for $name {
+            fn visit<V: Visit>(&self, v: &mut V, key_prefix: &str, _description: &'static str) {
+                $(
+                    let key = format!("{key_prefix}.{}", stringify!($field));
+                    self.$field.visit(v, &key, concat!($($doc),*).trim());
+                )*
+            }
+
+            fn set(&mut self, key: &str, value: &str) -> Result<()> {
+                match key {
+                    $( stringify!($field) => self.$field.set("", value), )*
+                    _ => plan_err!(
+                        "unknown setting '{}.{key}'; valid: {}",
+                        Self::PREFIX,
+                        Self::KEYS.iter().map(|k| format!("{}.{k}", Self::PREFIX)).collect::<Vec<_>>().join(", ")
+                    ),
+                }
+            }
+        }
+    };
+}
+
+sparse_knn_settings! {
+    /// Session defaults for the sparse-knn functions (`SET sparse_knn.<key> = ...`), a DataFusion
+    /// config extension: it is part of the session's `ConfigOptions`, so it is cloned with them
+    /// and travels with them to remote executors.
     pub struct SparseKnnConfig {
         /// Where joins run: auto (a CUDA GPU when one is found, else the CPU), cpu or gpu.
-        pub device: String, default = "auto".to_string()
-        /// Minkowski degree.
-        pub p: f64, default = 2.0
+        pub device: String = "auto".to_string(),
+        /// Minkowski degree (>= 1).
+        pub p: f64 = 2.0,
         /// Dimension for hamming, russellrao and correlation (0: not set).
-        pub dim: u64, default = 0
-        /// Skip pairs at the same row position (self-joins).
-        pub exclude_self: bool, default = false
+        pub dim: u64 = 0,
+        /// Skip each row's pair with itself (same row position) in self-joins.
+        pub exclude_self: bool = false,
         /// Device memory a GPU join may use, e.g. '8GiB' (empty: the device's free memory).
-        pub gpu_memory_limit: String, default = String::new()
+        pub gpu_memory_limit: String = String::new(),
     }
 }
 
 impl ConfigExtension for SparseKnnConfig {
     const PREFIX: &'static str = "sparse_knn";
+}
+
+impl ExtensionOptions for SparseKnnConfig {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn cloned(&self) -> Box<dyn ExtensionOptions> {
+        Box::new(self.clone())
+    }
+
+    fn set(&mut self, key: &str, value: &str) -> Result<()> {
+        // `datafusion-ffi` hands back `sparse_knn.<key>` where DataFusion hands `<key>`.
+        let key = key
+            .strip_prefix(Self::PREFIX)
+            .and_then(|k| k.strip_prefix('.'))
+            .unwrap_or(key);
+        let mut next = self.clone();
+        ConfigField::set(&mut next, key, value)?;
+        // Checked by the same parser as the options string, so that a bad value fails at the SET
+        // that typed it rather than at the next query.
+        JoinOptions::from_config(&next)?;
+        *self = next;
+        Ok(())
+    }
+
+    fn entries(&self) -> Vec<ConfigEntry> {
+        struct Entries(Vec<ConfigEntry>);
+        impl Visit for Entries {
+            fn some<V: fmt::Display>(&mut self, key: &str, value: V, description: &'static str) {
+                self.0.push(ConfigEntry {
+                    key: key.to_string(),
+                    value: Some(value.to_string()),
+                    description,
+                })
+            }
+
+            fn none(&mut self, key: &str, description: &'static str) {
+                self.0.push(ConfigEntry {
+                    key: key.to_string(),
+                    value: None,
+                    description,
+                })
+            }
+        }
+        let mut entries = Entries(Vec::new());
+        ConfigField::visit(self, &mut entries, Self::PREFIX, "");
+        entries.0
+    }
 }
 
 /// Where a join runs.
@@ -61,15 +173,20 @@ impl fmt::Display for DeviceChoice {
     }
 }
 
-/// Every key the options string accepts.
+/// Keys of the options string that name columns of one call's inputs, so they are not session
+/// settings.
+pub const PER_CALL_KEYS: &[&str] = &["left_column", "right_column"];
+
+/// Every key the options string accepts: the session settings ([`SparseKnnConfig::KEYS`]), then
+/// [`PER_CALL_KEYS`]. (A test checks that it stays that concatenation.)
 pub const OPTION_KEYS: &[&str] = &[
+    "device",
     "p",
     "dim",
-    "device",
     "exclude_self",
+    "gpu_memory_limit",
     "left_column",
     "right_column",
-    "gpu_memory_limit",
 ];
 
 /// Options of one call, after session defaults and the options string are applied.
@@ -91,23 +208,30 @@ impl Default for JoinOptions {
 }
 
 impl JoinOptions {
-    /// The session's defaults.
+    /// The session's defaults. Every setting goes through the options string's parser, so the
+    /// two accept the same values and say the same things about bad ones.
     pub fn from_config(config: &SparseKnnConfig) -> Result<Self> {
-        Ok(Self {
-            p: Some(config.p),
-            dim: (config.dim > 0).then_some(config.dim),
-            device: config
-                .device
-                .parse()
-                .map_err(|e| DataFusionError::Plan(format!("setting sparse_knn.device: {e}")))?,
-            exclude_self: config.exclude_self,
+        let mut options = Self {
+            p: None,
+            dim: None,
+            device: DeviceChoice::Auto,
+            exclude_self: false,
             left_column: None,
             right_column: None,
-            gpu_memory_limit: match config.gpu_memory_limit.trim() {
-                "" => None,
-                s => Some(parse_bytes("sparse_knn.gpu_memory_limit", s)?),
-            },
-        })
+            gpu_memory_limit: None,
+        };
+        for entry in config.entries() {
+            let key = entry.key.strip_prefix("sparse_knn.").unwrap_or(&entry.key);
+            let Some(value) = entry.value else { continue };
+            // The settings' "not set" values.
+            if (key == "dim" && value == "0") || (key == "gpu_memory_limit" && value.is_empty()) {
+                continue;
+            }
+            options
+                .set(key, &value)
+                .map_err(|e| DataFusionError::Plan(format!("setting sparse_knn.{key}: {e}")))?;
+        }
+        Ok(options)
     }
 
     /// Applies an options string `'key=value, ...'` on top of these options.
@@ -121,41 +245,54 @@ impl JoinOptions {
             };
             let key = key.trim().to_ascii_lowercase();
             let value = value.trim().trim_matches(|c| c == '\'' || c == '"');
-            match key.as_str() {
-                "p" => match value.parse::<f64>() {
-                    Ok(p) if p.is_finite() && p >= 1.0 => self.p = Some(p),
-                    _ => return plan_err!("option p must be a number >= 1, got '{value}'"),
-                },
-                "dim" => match value.parse::<u64>() {
-                    Ok(d) if d >= 1 => self.dim = Some(d),
-                    _ => return plan_err!("option dim must be a whole number >= 1, got '{value}'"),
-                },
-                "device" => self.device = value.parse()?,
-                "exclude_self" => {
-                    self.exclude_self = match value.to_ascii_lowercase().as_str() {
-                        "true" | "1" | "yes" | "on" => true,
-                        "false" | "0" | "no" | "off" => false,
-                        _ => {
-                            return plan_err!(
-                                "option exclude_self must be true or false, got '{value}'"
-                            )
-                        }
-                    }
-                }
-                "left_column" => self.left_column = Some(value.to_string()),
-                "right_column" => self.right_column = Some(value.to_string()),
-                "gpu_memory_limit" => {
-                    self.gpu_memory_limit = Some(parse_bytes("gpu_memory_limit", value)?)
-                }
-                other => {
-                    return plan_err!(
-                        "unknown option '{other}'; valid keys: {}",
-                        OPTION_KEYS.join(", ")
-                    )
-                }
+            if let Err(e) = self.set(&key, value) {
+                return plan_err!("{e}");
             }
         }
         Ok(self)
+    }
+
+    /// One `key=value`; the error is the message alone, for the caller to frame.
+    fn set(&mut self, key: &str, value: &str) -> std::result::Result<(), String> {
+        match key {
+            "p" => match value.parse::<f64>() {
+                Ok(p) if p.is_finite() && p >= 1.0 => self.p = Some(p),
+                _ => return Err(format!("option p must be a number >= 1, got '{value}'")),
+            },
+            "dim" => match value.parse::<u64>() {
+                Ok(d) if d >= 1 => self.dim = Some(d),
+                _ => {
+                    return Err(format!(
+                        "option dim must be a whole number >= 1, got '{value}'"
+                    ))
+                }
+            },
+            "device" => self.device = value.parse().map_err(|e| message(&e))?,
+            "exclude_self" => {
+                self.exclude_self = match value.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "yes" | "on" => true,
+                    "false" | "0" | "no" | "off" => false,
+                    _ => {
+                        return Err(format!(
+                            "option exclude_self must be true or false, got '{value}'"
+                        ))
+                    }
+                }
+            }
+            "left_column" => self.left_column = Some(value.to_string()),
+            "right_column" => self.right_column = Some(value.to_string()),
+            "gpu_memory_limit" => {
+                self.gpu_memory_limit =
+                    Some(parse_bytes("gpu_memory_limit", value).map_err(|e| message(&e))?)
+            }
+            other => {
+                return Err(format!(
+                    "unknown option '{other}'; valid keys: {}",
+                    OPTION_KEYS.join(", ")
+                ))
+            }
+        }
+        Ok(())
     }
 
     /// The metric these options parameterise.
@@ -164,7 +301,15 @@ impl JoinOptions {
     }
 }
 
-/// `1073741824`, `512MiB`, `8GB`, `2 GiB` → bytes.
+/// A planning error's message without DataFusion's "Error during planning: " framing.
+fn message(e: &DataFusionError) -> String {
+    match e {
+        DataFusionError::Plan(m) => m.clone(),
+        other => other.strip_backtrace(),
+    }
+}
+
+/// `1073741824`, `512MiB`, `8GB`, `2 GiB`, `2G` → bytes.
 pub fn parse_bytes(what: &str, text: &str) -> Result<u64> {
     let t = text.trim();
     let split = t
@@ -188,6 +333,7 @@ pub fn parse_bytes(what: &str, text: &str) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use datafusion::common::config::ConfigOptions;
 
     #[test]
     fn options_string_overrides_defaults() {
@@ -225,5 +371,81 @@ mod tests {
         let e = JoinOptions::default().apply("dim").unwrap_err().to_string();
         assert!(e.contains("key=value"), "{e}");
         assert!(parse_bytes("x", "12 parsecs").is_err());
+    }
+
+    #[test]
+    fn settings_and_options_string_are_one_list() {
+        let mut keys: Vec<&str> = SparseKnnConfig::KEYS.to_vec();
+        keys.extend_from_slice(PER_CALL_KEYS);
+        assert_eq!(keys, OPTION_KEYS);
+        // Every setting's default is a value the options string accepts for that key.
+        for entry in SparseKnnConfig::default().entries() {
+            let key = entry.key.strip_prefix("sparse_knn.").unwrap();
+            let value = entry.value.unwrap();
+            if (key == "dim" && value == "0") || value.is_empty() {
+                continue;
+            }
+            JoinOptions::default()
+                .apply(&format!("{key}={value}"))
+                .unwrap_or_else(|e| panic!("{key}={value}: {e}"));
+        }
+    }
+
+    #[test]
+    fn settings_are_listed_with_their_prefix_and_checked_when_set() {
+        let mut config = SparseKnnConfig::default();
+        let keys: Vec<String> = config.entries().into_iter().map(|e| e.key).collect();
+        assert_eq!(
+            keys,
+            [
+                "sparse_knn.device",
+                "sparse_knn.p",
+                "sparse_knn.dim",
+                "sparse_knn.exclude_self",
+                "sparse_knn.gpu_memory_limit"
+            ]
+        );
+        ExtensionOptions::set(&mut config, "device", "cpu").unwrap();
+        ExtensionOptions::set(&mut config, "sparse_knn.p", "3").unwrap();
+        assert_eq!((config.device.as_str(), config.p), ("cpu", 3.0));
+        let e = ExtensionOptions::set(&mut config, "device", "tpu")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("valid: auto, cpu, gpu"), "{e}");
+        assert_eq!(config.device, "cpu", "a rejected SET changes nothing");
+        let e = ExtensionOptions::set(&mut config, "p", "0.5")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("p must be a number >= 1"), "{e}");
+        let e = ExtensionOptions::set(&mut config, "colour", "red")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("sparse_knn.device"), "{e}");
+    }
+
+    #[test]
+    fn settings_travel_as_key_value_pairs() {
+        // What a remote executor (or datafusion-ffi) does: replay the entries with
+        // `ConfigOptions::set` on a fresh config that has the extension registered.
+        let mut sent = ConfigOptions::new();
+        sent.extensions.insert(SparseKnnConfig::default());
+        sent.set("sparse_knn.device", "cpu").unwrap();
+        sent.set("sparse_knn.dim", "64").unwrap();
+        sent.set("sparse_knn.gpu_memory_limit", "2GiB").unwrap();
+        let mut received = ConfigOptions::new();
+        received.extensions.insert(SparseKnnConfig::default());
+        for entry in sent.entries() {
+            if let Some(value) = entry.value {
+                if entry.key.starts_with("sparse_knn.") {
+                    received.set(&entry.key, &value).unwrap();
+                }
+            }
+        }
+        let got = received.extensions.get::<SparseKnnConfig>().unwrap();
+        assert_eq!(got, sent.extensions.get::<SparseKnnConfig>().unwrap());
+        let options = JoinOptions::from_config(got).unwrap();
+        assert_eq!(options.device, DeviceChoice::Cpu);
+        assert_eq!(options.dim, Some(64));
+        assert_eq!(options.gpu_memory_limit, Some(2 << 30));
     }
 }

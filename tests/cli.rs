@@ -405,33 +405,212 @@ fn knn_round_trip_matches_brute_force() {
     check_knn(dir.path(), &queries, &data, "manhattan", 4, false);
 }
 
+/// The query results of one `--format csv` run, split at the header lines the caller expects
+/// (one per query, in order): for each query, its rows as fields.
+fn csv_results(out: &str, headers: &[&str]) -> Vec<Vec<Vec<String>>> {
+    let mut results: Vec<Vec<Vec<String>>> = Vec::new();
+    let mut next = headers.iter().peekable();
+    for line in out.lines() {
+        if next.peek().is_some_and(|h| **h == line) {
+            next.next();
+            results.push(Vec::new());
+            continue;
+        }
+        let rows = results
+            .last_mut()
+            .unwrap_or_else(|| panic!("output before the first header: {line}"));
+        rows.push(line.split(',').map(str::to_string).collect());
+    }
+    assert!(
+        next.peek().is_none(),
+        "missing the header {:?} in:\n{out}",
+        next.peek()
+    );
+    results
+}
+
+fn num(field: &str) -> f64 {
+    field
+        .parse()
+        .unwrap_or_else(|_| panic!("'{field}' is not a number"))
+}
+
+/// Every file of sql-examples/ runs on the bundled data (no skip: data/ is part of the
+/// repository) and gives the results its comments describe.
 #[test]
 fn sql_examples_run() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    if !root.join("../shared/data/kos_bow.parquet").exists() {
-        eprintln!("skipped: ../shared/data is not here");
-        return;
-    }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("sql-examples"))
+    let mut files: Vec<String> = std::fs::read_dir(root.join("sql-examples"))
         .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "sql"))
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".sql"))
         .collect();
     files.sort();
-    assert!(
-        files.len() >= 4,
-        "expected the bundled examples, found {files:?}"
+    assert_eq!(
+        files,
+        [
+            "01_document_similarity.sql",
+            "02_knn_graph.sql",
+            "03_string_matching.sql",
+            "04_jensen_shannon.sql",
+            "05_news20_classification.sql"
+        ],
+        "a new example needs its checks here"
     );
-    for f in files {
-        let text = std::fs::read_to_string(&f).unwrap();
+    for f in &files {
+        let text = std::fs::read_to_string(root.join("sql-examples").join(f)).unwrap();
+        assert!(text.starts_with("--"), "{f} should begin with a comment");
         assert!(
-            text.starts_with("--"),
-            "{} should begin with a comment",
-            f.display()
+            !text.contains("../"),
+            "{f} reads a file outside the repository"
         );
-        let rel = f.strip_prefix(root).unwrap();
-        let out = ok(&["sql", rel.to_str().unwrap()]);
-        assert!(out.lines().count() >= 5, "{}: {out}", f.display());
+    }
+    let example = |name: &str, headers: &[&str]| {
+        let path = format!("sql-examples/{name}");
+        csv_results(&ok(&["sql", "--format", "csv", &path]), headers)
+    };
+
+    // Five queries, five neighbours each (itself left out), nearest first, cosine in [0, 1].
+    let r = example(
+        "01_document_similarity.sql",
+        &["query_doc_id,neighbor_doc_id,cosine_distance,rank"],
+    );
+    assert_eq!(r[0].len(), 25, "{:?}", r[0]);
+    for (i, row) in r[0].iter().enumerate() {
+        assert_ne!(row[0], row[1]);
+        assert_eq!(num(&row[3]) as usize, i % 5 + 1);
+        assert!((0.0..1.0).contains(&num(&row[2])));
+    }
+    let queries: Vec<&str> = r[0].iter().step_by(5).map(|r| r[0].as_str()).collect();
+    assert_eq!(queries, ["10", "250", "1000", "2000", "3000"]);
+
+    // The graph: 10 edges from each of the 3430 entries, no self loop; distance grows with rank.
+    let r = example(
+        "02_knn_graph.sql",
+        &[
+            "edges,nodes,self_loops",
+            "mutual_edge_share",
+            "rank,mean_distance,max_distance",
+        ],
+    );
+    assert_eq!(r[0], [["34300", "3430", "0"]]);
+    let mutual = num(&r[1][0][0]);
+    assert!(mutual > 0.2 && mutual < 1.0, "{mutual}");
+    assert_eq!(r[2].len(), 10);
+    for w in r[2].windows(2) {
+        assert!(num(&w[0][1]) <= num(&w[1][1]), "{:?}", r[2]);
+    }
+
+    // All the 'AB' names of the cut; pairs within 0.25, nearest first.
+    let r = example(
+        "03_string_matching.sql",
+        &["names,ngrams", "query_name,neighbor_name,cosine_distance"],
+    );
+    assert_eq!(r[0][0][0], "1607");
+    assert_eq!(r[1].len(), 25);
+    let d: Vec<f64> = r[1].iter().map(|row| num(row.last().unwrap())).collect();
+    assert!(d.windows(2).all(|w| w[0] <= w[1]) && d[24] <= 0.25, "{d:?}");
+
+    // Cells 12 and 24 with 15 neighbours each, then accuracy per cell type for 300 queries.
+    let r = example(
+        "04_jensen_shannon.sql",
+        &[
+            "query_cell,query_celltype,neighbor_celltype,js_distance,rank",
+            "celltype,queries,accuracy",
+        ],
+    );
+    assert_eq!(r[0].len(), 30);
+    assert_eq!(r[1].len(), 10, "ten cell types: {:?}", r[1]);
+    let queries: f64 = r[1].iter().map(|row| num(&row[1])).sum();
+    let correct: f64 = r[1].iter().map(|row| num(&row[1]) * num(&row[2])).sum();
+    assert_eq!(queries, 300.0);
+    // A majority vote of 15 neighbours beats guessing the most common type (267 of 1258).
+    assert!(correct / queries > 0.6, "accuracy {}", correct / queries);
+    let b_cells = r[1].iter().find(|row| row[0] == "CD19+ B").unwrap();
+    assert!(num(&b_cells[2]) > 0.9, "{b_cells:?}");
+
+    // Every test post of the cut, classified well above chance (1 in 20).
+    let r = example(
+        "05_news20_classification.sql",
+        &[
+            "test_posts,accuracy",
+            "newsgroup,posts,accuracy",
+            "doc,neighbour,newsgroup,neighbour_newsgroup,distance,word,weight",
+        ],
+    );
+    assert_eq!(r[0][0][0], "503");
+    let accuracy = num(&r[0][0][1]);
+    assert!(accuracy > 0.6, "accuracy {accuracy}");
+    assert_eq!(r[1].len(), 20);
+    // Three posts, five shared words each, named through the vocabulary, heaviest first.
+    assert_eq!(r[2].len(), 15, "{:?}", r[2]);
+    for rows in r[2].chunks(5) {
+        assert!(rows.iter().all(|row| row[0] == rows[0][0]));
+        assert!(rows.iter().all(|row| row[5].len() >= 2));
+        assert!(rows.windows(2).all(|w| num(&w[0][6]) >= num(&w[1][6])));
+    }
+}
+
+/// The README's quick start, command by command, as a new user runs it: from a copy of the
+/// repository's data and examples, with `sparse-knn` on the path.
+#[test]
+fn readme_quick_start_runs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split("\n## ")
+        .find(|s| s.starts_with("Quick start"))
+        .expect("the README has a Quick start section");
+    assert!(
+        section.contains("cargo install --path ."),
+        "the quick start says how to install the binary"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["data", "sql-examples"] {
+        copy_dir(&root.join(sub), &dir.path().join(sub));
+    }
+    let mut commands = Vec::new();
+    for block in section.split("```sh\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        let joined = block.replace("\\\n", " ");
+        commands.extend(
+            joined
+                .lines()
+                .filter(|l| l.starts_with("sparse-knn "))
+                .map(str::to_string),
+        );
+    }
+    assert!(commands.len() >= 3, "{commands:?}");
+    for command in &commands {
+        let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+        let out = Command::new(env!("CARGO_BIN_EXE_sparse-knn"))
+            .args(&args)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if args[0] == "sql" {
+            assert!(String::from_utf8_lossy(&out.stdout).lines().count() >= 5);
+        }
+    }
+    assert_eq!(
+        read(&dir.path().join("neighbours.parquet"))
+            .iter()
+            .map(|b| b.num_rows())
+            .sum::<usize>(),
+        20000 * 10
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
     }
 }
 

@@ -255,7 +255,7 @@ async fn main() -> ExitCode {
                 .any(|p| f.to_string_lossy().contains(p.as_str()))
     });
 
-    // Paths in the files (e.g. '../shared/data/kos_bow.parquet') are relative to the crate root.
+    // Paths in the files (e.g. 'data/kos_bow.parquet') are relative to the crate root.
     if let Err(e) = std::env::set_current_dir(env!("CARGO_MANIFEST_DIR")) {
         eprintln!("cannot enter the crate root: {e}");
         return ExitCode::FAILURE;

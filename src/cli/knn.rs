@@ -1,35 +1,43 @@
 //! `sparse-knn knn`: the Parquet-to-neighbours job through the `knn_join` operator.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::sync::Arc;
 use std::time::Instant;
 
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
 use clap::Args;
+use datafusion::execution::context::SessionContext;
 use futures::StreamExt;
-use parquet::arrow::ArrowWriter;
+use object_store::buffered::BufWriter;
+use object_store::{ObjectStore, ObjectStoreExt};
+use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
+use url::Url;
 
 use super::{
-    parquet_rows, progress_bar, register_path, session, writer_properties, CliError, CliResult,
-    OutputFile,
+    parquet_rows, progress_bar, register_location, session, table_rows, writer_properties,
+    CliError, CliResult, Location, OutputFile,
 };
 use crate::options::{DeviceChoice, JoinOptions};
 
 #[derive(Debug, Args)]
 pub struct KnnArgs {
-    /// Query rows: a Parquet file or a folder of them.
+    /// Query rows: a Parquet file or a folder of them (local, file:// or s3://BUCKET/KEY).
     #[arg(long)]
-    pub left: PathBuf,
-    /// Rows searched: a Parquet file or a folder of them.
+    pub left: String,
+    /// Rows searched: a Parquet file or a folder of them (local, file:// or s3://BUCKET/KEY).
     #[arg(long)]
-    pub right: PathBuf,
+    pub right: String,
     /// Distance, e.g. cosine, euclidean, manhattan, jensenshannon (any name or alias of the SPEC).
     #[arg(long)]
     pub metric: String,
     /// Neighbours per left row.
     #[arg(short = 'k', long)]
     pub k: u64,
-    /// Parquet file to write: query_*, neighbor_*, distance, rank.
+    /// Parquet file to write (local, file:// or s3://BUCKET/KEY): query_*, neighbor_*,
+    /// distance, rank.
     #[arg(long, short)]
-    pub output: PathBuf,
+    pub output: String,
     /// Join options 'key=value,...' (p, dim, device, exclude_self, left_column, right_column, ...).
     #[arg(long, default_value = "")]
     pub options: String,
@@ -75,41 +83,69 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     if args.k == 0 {
         cli_bail!("-k must be at least 1");
     }
+    let left_at = Location::parse("--left", &args.left)?;
+    let right_at = Location::parse("--right", &args.right)?;
+    let output_at = Location::parse("--output", &args.output)?;
     let options_text = args.options_string();
     // Checked here too so that a typo fails before any file is read or created.
     let options = JoinOptions::default().apply(&options_text)?;
     options.metric(&args.metric)?;
-    let left_rows = parquet_rows(&args.left)?;
-    let right_rows = parquet_rows(&args.right)?;
+    // Local inputs are counted from their footers before anything else, which also checks that
+    // they exist; object-store inputs once they are registered.
+    let local_rows = |at: &Location| match at {
+        Location::Local(path) => parquet_rows(path).map(Some),
+        Location::Remote(_) => Ok(None),
+    };
+    let (left_rows, right_rows) = (local_rows(&left_at)?, local_rows(&right_at)?);
 
     let ctx = session()?;
-    register_path(&ctx, "knn_left", &args.left).await?;
-    register_path(&ctx, "knn_right", &args.right).await?;
+    register_location(&ctx, "knn_left", &left_at).await?;
+    register_location(&ctx, "knn_right", &right_at).await?;
+    let left_rows = match left_rows {
+        Some(n) => n,
+        None => table_rows(&ctx, "knn_left").await?,
+    };
+    let right_rows = match right_rows {
+        Some(n) => n,
+        None => table_rows(&ctx, "knn_right").await?,
+    };
     // The DataFrame form builds the same logical node as SQL's knn_join, without quoting paths
     // or metric names into a statement.
     let left = ctx.table("knn_left").await?;
     let right = ctx.table("knn_right").await?;
     let k = usize::try_from(args.k).map_err(|_| CliError(format!("-k {} is too large", args.k)))?;
     let df = crate::planner::knn_join(left, right, &args.metric, k, &options_text)?;
-    let (output, file) = OutputFile::create(&args.output, args.overwrite)?;
+    let mut output = Output::create(&ctx, &output_at, args.overwrite).await?;
     let start = Instant::now();
-    let mut stream = df.execute_stream().await?;
-    let mut writer = ArrowWriter::try_new(file, stream.schema(), Some(writer_properties()))?;
     // Progress counts left rows from output pairs: every left row yields min(k, candidates)
     // pairs (a NULL vector yields none, so the bar may stop short; it is an estimate).
     let candidates =
         right_rows.saturating_sub(u64::from(args.exclude_self || options.exclude_self));
     let per_row = args.k.min(candidates).max(1);
     let bar = progress_bar(left_rows, "knn");
-    let mut pairs = 0u64;
-    while let Some(batch) = stream.next().await {
-        let batch = batch?;
-        pairs += batch.num_rows() as u64;
-        writer.write(&batch)?;
-        bar.set_position((pairs / per_row).min(left_rows));
+    let written = async {
+        let mut stream = df.execute_stream().await?;
+        output.start(stream.schema())?;
+        let mut pairs = 0u64;
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            pairs += batch.num_rows() as u64;
+            output.write(&batch).await?;
+            bar.set_position((pairs / per_row).min(left_rows));
+        }
+        Ok::<_, CliError>(pairs)
     }
-    writer.close()?;
-    output.commit()?;
+    .await;
+    let pairs = match written {
+        Ok(pairs) => {
+            output.commit().await?;
+            pairs
+        }
+        Err(e) => {
+            output.abort().await;
+            return Err(e);
+        }
+    };
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
     let device = match options.device {
@@ -118,11 +154,142 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
         DeviceChoice::Gpu => "gpu",
     };
     eprintln!(
-        "knn: {left_rows} left rows x {right_rows} right rows, {pairs} pairs, {secs:.2} s, {:.0} rows/s, device {device}, {} k={} -> {}",
+        "knn: {left_rows} left rows x {right_rows} right rows, {pairs} pairs, {secs:.2} s, {:.0} rows/s, device {device}, {} k={} -> {output_at}",
         left_rows as f64 / secs.max(1e-9),
         args.metric,
         args.k,
-        args.output.display()
     );
     Ok(())
+}
+
+/// The Parquet output, local or in an object store. Either way the result appears at its name
+/// only when complete: a local file is renamed into place, an S3 object is a (multipart) upload
+/// that is completed at the end and aborted on failure, so a failed run leaves no partial object.
+enum Output {
+    Local {
+        output: OutputFile,
+        file: Option<File>,
+        writer: Option<ArrowWriter<File>>,
+    },
+    Remote {
+        url: Url,
+        store: Arc<dyn ObjectStore>,
+        path: object_store::path::Path,
+        writer: Option<AsyncArrowWriter<BufWriter>>,
+    },
+}
+
+impl Output {
+    async fn create(ctx: &SessionContext, at: &Location, overwrite: bool) -> CliResult<Self> {
+        match at {
+            Location::Local(path) => {
+                let (output, file) = OutputFile::create(path, overwrite)?;
+                Ok(Output::Local {
+                    output,
+                    file: Some(file),
+                    writer: None,
+                })
+            }
+            Location::Remote(url) => {
+                if url.path().ends_with('/') {
+                    cli_bail!("--output {url} is a folder; --output must name an object");
+                }
+                let store = ctx.runtime_env().object_store(
+                    datafusion::execution::object_store::ObjectStoreUrl::parse(
+                        &url[..url::Position::BeforePath],
+                    )?,
+                )?;
+                let path = Location::object_path(url)?;
+                if !overwrite {
+                    match store.head(&path).await {
+                        Ok(_) => cli_bail!("{url} exists; pass --overwrite to replace it"),
+                        Err(object_store::Error::NotFound { .. }) => {}
+                        Err(e) => cli_bail!("cannot check --output {url}: {e}"),
+                    }
+                }
+                Ok(Output::Remote {
+                    url: url.clone(),
+                    store,
+                    path,
+                    writer: None,
+                })
+            }
+        }
+    }
+
+    fn start(&mut self, schema: SchemaRef) -> CliResult<()> {
+        match self {
+            Output::Local { file, writer, .. } => {
+                let file = file
+                    .take()
+                    .ok_or_else(|| CliError("output started twice".into()))?;
+                *writer = Some(ArrowWriter::try_new(
+                    file,
+                    schema,
+                    Some(writer_properties()),
+                )?);
+            }
+            Output::Remote {
+                store,
+                path,
+                writer,
+                ..
+            } => {
+                let upload = BufWriter::new(Arc::clone(store), path.clone());
+                *writer = Some(AsyncArrowWriter::try_new(
+                    upload,
+                    schema,
+                    Some(writer_properties()),
+                )?);
+            }
+        }
+        Ok(())
+    }
+
+    async fn write(&mut self, batch: &RecordBatch) -> CliResult<()> {
+        match self {
+            Output::Local {
+                writer: Some(w), ..
+            } => w.write(batch)?,
+            Output::Remote {
+                writer: Some(w), ..
+            } => w.write(batch).await?,
+            _ => cli_bail!("output written before it was started"),
+        }
+        Ok(())
+    }
+
+    async fn commit(self) -> CliResult<()> {
+        match self {
+            Output::Local { output, writer, .. } => {
+                let Some(writer) = writer else {
+                    cli_bail!("the job produced no output schema");
+                };
+                writer.close()?;
+                output.commit()
+            }
+            Output::Remote { url, writer, .. } => {
+                let Some(mut writer) = writer else {
+                    cli_bail!("the job produced no output schema");
+                };
+                if let Err(e) = writer.finish().await {
+                    let _ = writer.into_inner().abort().await;
+                    cli_bail!("cannot write {url}: {e}");
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Leaves nothing behind: the local temporary file is removed when dropped, the upload is
+    /// aborted.
+    async fn abort(self) {
+        if let Output::Remote {
+            writer: Some(writer),
+            ..
+        } = self
+        {
+            let _ = writer.into_inner().abort().await;
+        }
+    }
 }

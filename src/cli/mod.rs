@@ -14,17 +14,24 @@ macro_rules! cli_bail {
 pub mod bench;
 pub mod generate;
 pub mod knn;
+pub mod shell;
 pub mod sql;
+pub mod store;
+
+pub use store::Location;
 
 use std::fmt;
 use std::fs::File;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
+use datafusion::catalog::{DynamicFileCatalog, UrlTableFactory};
 use datafusion::execution::context::SessionContext;
+use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use parquet::basic::Compression;
@@ -143,13 +150,101 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// What the command line sets in a session besides the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// The memory pool's size in bytes (`--memory-limit`); `None`: unbounded, DataFusion's
+    /// default.
+    pub memory_limit: Option<u64>,
+}
+
 /// A session with every sparse-knn function and setting registered.
 pub fn session() -> CliResult<SessionContext> {
-    let config = SessionConfig::new().with_information_schema(true);
-    // URL tables let a query name a file directly: SELECT * FROM 'out.parquet'.
-    let ctx = SessionContext::new_with_config(config).enable_url_table();
+    session_with(&SessionOptions::default())
+}
+
+/// A session with every sparse-knn function and setting registered, S3 paths readable, and
+/// `options` applied.
+pub fn session_with(options: &SessionOptions) -> CliResult<SessionContext> {
+    let config = SessionConfig::new()
+        .with_information_schema(true)
+        .with_option_extension(crate::options::SparseKnnConfig::default());
+    let mut runtime = RuntimeEnvBuilder::new()
+        .with_object_store_registry(Arc::new(store::EnvObjectStores::default()));
+    if let Some(bytes) = options.memory_limit {
+        let bytes = usize::try_from(bytes)
+            .map_err(|_| CliError(format!("--memory-limit {bytes} is too large")))?;
+        runtime = runtime.with_memory_limit(bytes, 1.0);
+    }
+    let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc()?);
+    // URL tables let a query name a file directly: SELECT * FROM 'out.parquet' (or 's3://...').
+    // This is `enable_url_table` with our factory, which reports why an S3 URL cannot be read.
+    let session_id = ctx.session_id();
+    let factory = Arc::new(store::UrlTables::default());
+    let catalogs = Arc::new(DynamicFileCatalog::new(
+        Arc::clone(ctx.state().catalog_list()),
+        Arc::clone(&factory) as Arc<dyn UrlTableFactory>,
+    ));
+    let ctx: SessionContext = ctx
+        .into_state_builder()
+        .with_session_id(session_id)
+        .with_catalog_list(catalogs)
+        .build()
+        .into();
+    factory
+        .inner()
+        .session_store()
+        .with_state(ctx.state_weak_ref());
     crate::register_all(&ctx)?;
     Ok(ctx)
+}
+
+/// Registers a local or object-store file or folder as table `name` (see [`register_path`]).
+pub async fn register_location(
+    ctx: &SessionContext,
+    name: &str,
+    location: &Location,
+) -> CliResult<()> {
+    let url = match location {
+        Location::Local(path) => return register_path(ctx, name, path).await,
+        Location::Remote(url) => url.to_string(),
+    };
+    let folder = url.ends_with('/');
+    let ext = (!folder)
+        .then(|| {
+            let last = url.rsplit('/').next().unwrap_or_default();
+            last.rsplit_once('.').map(|(_, e)| e.to_ascii_lowercase())
+        })
+        .flatten();
+    let result = match ext.as_deref() {
+        Some("csv") => ctx.register_csv(name, &url, CsvReadOptions::new()).await,
+        Some(e @ ("json" | "ndjson" | "jsonl")) => {
+            let options = JsonReadOptions {
+                file_extension: &format!(".{e}"),
+                ..Default::default()
+            };
+            ctx.register_json(name, &url, options).await
+        }
+        _ if folder => {
+            ctx.register_parquet(name, &url, ParquetReadOptions::default())
+                .await
+        }
+        e => {
+            let dotted = e.map(|e| format!(".{e}")).unwrap_or_default();
+            let options = ParquetReadOptions {
+                file_extension: &dotted,
+                ..Default::default()
+            };
+            ctx.register_parquet(name, &url, options).await
+        }
+    };
+    result.map_err(|e| CliError(format!("table '{name}': cannot read {url}: {e}")))
+}
+
+/// Row count of a table, from Parquet footers where DataFusion has them (no data is scanned).
+pub async fn table_rows(ctx: &SessionContext, name: &str) -> CliResult<u64> {
+    let rows = ctx.table(name).await?.count().await?;
+    Ok(rows as u64)
 }
 
 /// Registers a Parquet file or folder (or a CSV / NDJSON file, by extension) as table `name`.

@@ -1,6 +1,7 @@
-//! `sparse-knn sql`: run statements from -c, files or standard input and print query results.
+//! `sparse-knn sql`: run statements from -c, files or standard input and print query results;
+//! with none of these on a terminal, the interactive shell of [`super::shell`].
 
-use std::io::{Read, Write};
+use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,7 +14,8 @@ use datafusion::sql::parser::DFParser;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use futures::StreamExt;
 
-use super::{register_path, session, CliError, CliResult};
+use super::{register_location, session_with, CliError, CliResult, Location, SessionOptions};
+use crate::options::parse_bytes;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -32,21 +34,33 @@ pub struct SqlArgs {
     pub command: Vec<String>,
     /// Files of SQL statements, run in order; with no -c and no file, standard input is read.
     pub files: Vec<PathBuf>,
-    /// Register a Parquet file or folder (or a .csv / .json file) as a table: NAME=PATH.
+    /// Register a Parquet file or folder (or a .csv / .json file) as a table: NAME=PATH, where
+    /// PATH is local, file:// or s3://BUCKET/KEY (a folder's key ends with '/').
     #[arg(long = "table", value_name = "NAME=PATH")]
     pub tables: Vec<String>,
     /// How query results are printed.
     #[arg(long, value_enum, default_value_t = Format::Table)]
     pub format: Format,
+    /// Size of the memory pool that queries account their buffers in, e.g. 512M, 2G, 8GiB
+    /// (default: unbounded). Same as SET datafusion.runtime.memory_limit.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
 }
 
 pub async fn run(args: SqlArgs) -> CliResult<()> {
-    let ctx = session()?;
+    let memory_limit = args
+        .memory_limit
+        .as_deref()
+        .map(|s| parse_bytes("--memory-limit", s))
+        .transpose()
+        .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?;
+    let ctx = session_with(&SessionOptions { memory_limit })?;
     for spec in &args.tables {
         let Some((name, path)) = spec.split_once('=') else {
             cli_bail!("--table '{spec}' is not of the form NAME=PATH");
         };
-        register_path(&ctx, name.trim(), path.trim().as_ref()).await?;
+        let location = Location::parse(&format!("--table {}", name.trim()), path)?;
+        register_location(&ctx, name.trim(), &location).await?;
     }
     let mut sources: Vec<(String, String)> = args
         .command
@@ -57,6 +71,9 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         let text = std::fs::read_to_string(f)
             .map_err(|e| CliError(format!("cannot read {}: {e}", f.display())))?;
         sources.push((f.display().to_string(), text));
+    }
+    if sources.is_empty() && std::io::stdin().is_terminal() {
+        return super::shell::run(ctx, args.format).await;
     }
     if sources.is_empty() {
         let mut text = String::new();
@@ -79,7 +96,12 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
 }
 
 /// Runs every statement of `text` in order, printing the results of those that return rows.
-pub async fn run_script(ctx: &SessionContext, text: &str, printer: &mut Printer) -> CliResult<()> {
+/// Returns the number of rows printed, or `None` when no statement was a query.
+pub async fn run_script(
+    ctx: &SessionContext,
+    text: &str,
+    printer: &mut Printer,
+) -> CliResult<Option<u64>> {
     let dialect_name = ctx
         .state()
         .config()
@@ -87,9 +109,14 @@ pub async fn run_script(ctx: &SessionContext, text: &str, printer: &mut Printer)
         .sql_parser
         .dialect
         .to_string();
-    let dialect = dialect_from_str(&dialect_name)
-        .ok_or_else(|| CliError(format!("unsupported SQL dialect '{dialect_name}'")))?;
-    let statements = DFParser::parse_sql_with_dialect(text, dialect.as_ref())?;
+    // The dialect is not `Send`: parsed in a block so that it is gone before the first await
+    // (the shell runs statements on spawned tasks).
+    let statements = {
+        let dialect = dialect_from_str(&dialect_name)
+            .ok_or_else(|| CliError(format!("unsupported SQL dialect '{dialect_name}'")))?;
+        DFParser::parse_sql_with_dialect(text, dialect.as_ref())?
+    };
+    let mut printed: Option<u64> = None;
     for statement in statements {
         // Planned one at a time against the current state, so a CREATE or SET is seen by the
         // statements after it.
@@ -98,8 +125,10 @@ pub async fn run_script(ctx: &SessionContext, text: &str, printer: &mut Printer)
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let mut stream = df.execute_stream().await?;
         let mut batches = Vec::new();
+        let mut rows = 0u64;
         while let Some(batch) = stream.next().await {
             let batch = batch?;
+            rows += batch.num_rows() as u64;
             // Table output needs every row to align the columns; the others stream.
             if printer.format == Format::Table {
                 batches.push(batch);
@@ -109,9 +138,10 @@ pub async fn run_script(ctx: &SessionContext, text: &str, printer: &mut Printer)
         }
         if !schema.fields().is_empty() {
             printer.finish_query(&schema, &batches)?;
+            printed = Some(printed.unwrap_or(0) + rows);
         }
     }
-    Ok(())
+    Ok(printed)
 }
 
 /// Prints query results to standard output in one format.
@@ -126,6 +156,16 @@ impl Printer {
             format,
             header_written: false,
         }
+    }
+
+    /// Prints one whole result.
+    pub fn print_all(&mut self, schema: &SchemaRef, batches: &[RecordBatch]) -> CliResult<()> {
+        if self.format != Format::Table {
+            for batch in batches {
+                self.write(batch)?;
+            }
+        }
+        self.finish_query(schema, batches)
     }
 
     fn write(&mut self, batch: &RecordBatch) -> CliResult<()> {

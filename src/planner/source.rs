@@ -13,6 +13,25 @@ use datafusion::datasource::listing::{
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+/// Runs an object store's I/O to completion from SQL planning, which is not async. The store's
+/// HTTP client runs on the tokio runtime, so the thread must leave it (`block_in_place`) rather
+/// than block one of its workers; a current-thread runtime cannot do that, so there it is an
+/// error rather than a hang.
+pub(crate) fn block_on_io<T>(
+    what: &str,
+    future: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(|| handle.block_on(future))
+        }
+        _ => plan_err!(
+            "reading '{what}' while planning needs a multi-threaded tokio runtime; register it as a table first"
+        ),
+    }
+}
+
 /// Whether `text` looks like a path rather than a table name.
 pub fn looks_like_path(text: &str) -> bool {
     text.contains('/')
@@ -55,6 +74,13 @@ pub fn parquet_table(
     path: &str,
     config: &ConfigOptions,
 ) -> Result<Arc<dyn TableProvider>> {
+    if crate::cli::store::is_object_store_url(path) {
+        return plan_err!(
+            "{function}: {argument}: '{path}' is an object-store URL; this session reads those only through the relation planner (register_all) with URL tables enabled"
+        );
+    }
+    // `file:///abs/x.parquet` is the local path after the scheme.
+    let path = path.strip_prefix("file://").unwrap_or(path);
     let local = Path::new(path);
     if !local.exists() {
         return plan_err!(

@@ -270,6 +270,26 @@ fn table_factor(name: ObjectName) -> TableFactor {
 }
 
 impl SparseJoinRelationPlanner {
+    /// A table for an object-store URL (`'s3://bucket/x.parquet'`), from the session's URL
+    /// tables. Unlike [`Self::lookup`], errors (credentials, missing object) are kept: they are
+    /// the answer the user needs.
+    fn lookup_url(
+        &self,
+        config: &ConfigOptions,
+        url: &str,
+    ) -> Result<Option<Arc<dyn TableProvider>>> {
+        let Some(catalogs) = self.catalogs.as_ref() else {
+            return Ok(None);
+        };
+        let Some(schema) = catalogs
+            .catalog(&config.catalog.default_catalog)
+            .and_then(|c| c.schema(&config.catalog.default_schema))
+        else {
+            return Ok(None);
+        };
+        super::source::block_on_io(url, schema.table(url))
+    }
+
     /// Plans one input: a table name (bare, quoted or qualified), a parenthesised subquery, or a
     /// string that names a table or a Parquet file or folder.
     fn plan_input(
@@ -309,8 +329,21 @@ impl SparseJoinRelationPlanner {
                         "{function}: {argument} must be a table name, a parenthesised subquery or a Parquet path string, got {shown}"
                     );
                 };
-                let reference = TableReference::from(text.as_str());
                 let config = context.context_provider().options();
+                if crate::cli::store::is_object_store_url(&text) {
+                    let Some(table) = self.lookup_url(config, &text).map_err(in_context)? else {
+                        return plan_err!(
+                            "{function}: {argument}: '{text}' is an object-store URL, which this session cannot read: enable URL tables (SessionContext::enable_url_table) and register an object store for it (`sparse-knn sql` does both for s3://)"
+                        );
+                    };
+                    return LogicalPlanBuilder::scan(
+                        TableReference::bare(text.as_str()),
+                        provider_as_source(table),
+                        None,
+                    )?
+                    .build();
+                }
+                let reference = TableReference::from(text.as_str());
                 if let Some(table) = self.lookup(config, &reference) {
                     return LogicalPlanBuilder::scan(reference, provider_as_source(table), None)?
                         .build();
