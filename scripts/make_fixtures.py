@@ -3,7 +3,7 @@
 scipy.spatial.distance (and numpy / scipy.special for the metrics scipy lacks) gives between them.
 
 Usage (from the repository root, needs numpy, scipy, pyarrow):
-    python3 scripts/make_fixtures.py [../shared/data/kos_bow.parquet]
+    python3 scripts/make_fixtures.py [data/kos_bow.parquet]
 
 Format (one record a line, fields separated by single spaces, '#' starts a comment line):
     dim D                         dense dimension (the vocabulary size)
@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from scipy.spatial.distance import cdist
 from scipy.special import rel_entr
 
-SOURCE = sys.argv[1] if len(sys.argv) > 1 else "../shared/data/kos_bow.parquet"
+SOURCE = sys.argv[1] if len(sys.argv) > 1 else "data/kos_bow.parquet"
 OUT = "tests/fixtures/kos_scipy.txt"
 N_LEFT = N_RIGHT = 20
 KL_TOP = 48  # vocabulary of the finite kl check: the most frequent words of the 40 rows
@@ -31,7 +31,7 @@ KL_TOP = 48  # vocabulary of the finite kl check: the most frequent words of the
 
 def main():
     table = pq.read_table(SOURCE)
-    dim = 6906  # UCI KOS vocabulary size (see ../shared/data/README.md)
+    dim = 6906  # UCI KOS vocabulary size (see data/README.md)
     rng = np.random.default_rng(20240611)
     picked = np.sort(rng.choice(table.num_rows, N_LEFT + N_RIGHT, replace=False))
     rows = table.take(picked).to_pylist()

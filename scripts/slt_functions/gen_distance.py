@@ -114,12 +114,12 @@ SET sparse_knn.dim = 0
 """)
 
 # real data: KOS blog word counts, consecutive documents
-t = pq.read_table('../shared/data/kos_bow.parquet').slice(0, 6).to_pylist()
+t = pq.read_table('data/kos_bow.parquet').slice(0, 6).to_pylist()
 KD = 6906
 vecs = [dense(list(zip(r['vec']['indices'], r['vec']['values'])), KD) for r in t]
-w("""# Real data: consecutive documents of the KOS bag-of-words set (../shared/data, CC BY 4.0).
+w("""# Real data: consecutive documents of the KOS bag-of-words set (data/, CC BY 4.0).
 statement ok
-CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION '../shared/data/kos_bow.parquet'
+CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION 'data/kos_bow.parquet'
 """)
 kos_metrics = ['dot', 'cosine', 'euclidean', 'manhattan', 'chebyshev', 'canberra', 'braycurtis',
                'jaccard', 'dice', 'hellinger', 'correlation', 'kl_divergence']

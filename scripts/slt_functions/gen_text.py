@@ -165,7 +165,7 @@ SELECT sparse_char_ngrams('abc')
 """)
 
 # real data: SEC EDGAR company names, trigram vectors and the cosine between neighbours
-t = pq.read_table('../shared/data/sec_edgar_names_100k.parquet').slice(10, 5).to_pylist()
+t = pq.read_table('data/sec_edgar_names.parquet').slice(10, 5).to_pylist()
 w("""# Real data: SEC EDGAR company names (../shared/data, public data of the SEC): the trigram
 # vectors of 5 names (d = 4096) and nnz, norms and cosine distance of 5 consecutive names (n = 3, default d), against Python.
 statement ok
@@ -177,7 +177,7 @@ w("----")
 for r in t:
     w(f"{r['name_id']} {vec(char_ngrams(r['name'], 3, 4096))}")
 w("")
-t = pq.read_table('../shared/data/sec_edgar_names_100k.parquet').slice(4988, 5).to_pylist()
+t = pq.read_table('data/sec_edgar_names.parquet').slice(4988, 5).to_pylist()
 w("query IIRR")
 w("SELECT name_id, sparse_nnz(v), sparse_norm(v, 'l2'), sparse_norm(v, 'l1') FROM (SELECT name_id, sparse_char_ngrams(name, 3) AS v FROM edgar WHERE name_id BETWEEN 4988 AND 4992) ORDER BY name_id")
 w("----")
