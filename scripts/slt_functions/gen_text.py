@@ -166,10 +166,10 @@ SELECT sparse_char_ngrams('abc')
 
 # real data: SEC EDGAR company names, trigram vectors and the cosine between neighbours
 t = pq.read_table('data/sec_edgar_names.parquet').slice(10, 5).to_pylist()
-w("""# Real data: SEC EDGAR company names (../shared/data, public data of the SEC): the trigram
+w("""# Real data: SEC EDGAR company names (data/, public data of the SEC): the trigram
 # vectors of 5 names (d = 4096) and nnz, norms and cosine distance of 5 consecutive names (n = 3, default d), against Python.
 statement ok
-CREATE EXTERNAL TABLE edgar STORED AS PARQUET LOCATION '../shared/data/sec_edgar_names_100k.parquet'
+CREATE EXTERNAL TABLE edgar STORED AS PARQUET LOCATION 'data/sec_edgar_names.parquet'
 """)
 w("query I?")
 w("SELECT name_id, sparse_char_ngrams(name, 3, 4096) FROM edgar WHERE name_id BETWEEN 10 AND 14 ORDER BY name_id")
