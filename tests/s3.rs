@@ -118,7 +118,10 @@ fn exists(port: u16, key: &str) -> bool {
          try:\n    s3.head_object(Bucket='{BUCKET}', Key='{key}'); print('yes')\n\
          except botocore.exceptions.ClientError as e:\n    print(e.response['Error']['Code'])\n"
     );
-    let out = Command::new("python3").args(["-c", &script]).output().unwrap();
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
     let answer = String::from_utf8_lossy(&out.stdout).trim().to_string();
     assert!(
         answer == "yes" || answer == "404",
