@@ -55,10 +55,15 @@ macro_rules! sparse_knn_settings {
             fn set(&mut self, key: &str, value: &str) -> Result<()> {
                 match key {
                     $( stringify!($field) => self.$field.set("", value), )*
+                    // DataFusion's wording for an unknown key, plus the valid ones.
                     _ => plan_err!(
-                        "unknown setting '{}.{key}'; valid: {}",
-                        Self::PREFIX,
-                        Self::KEYS.iter().map(|k| format!("{}.{k}", Self::PREFIX)).collect::<Vec<_>>().join(", ")
+                        "Config value \"{key}\" not found on {}; valid settings: {}",
+                        stringify!($name),
+                        Self::KEYS
+                            .iter()
+                            .map(|k| format!("{}.{k}", Self::PREFIX))
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 }
             }
@@ -177,16 +182,17 @@ impl fmt::Display for DeviceChoice {
 /// settings.
 pub const PER_CALL_KEYS: &[&str] = &["left_column", "right_column"];
 
-/// Every key the options string accepts: the session settings ([`SparseKnnConfig::KEYS`]), then
-/// [`PER_CALL_KEYS`]. (A test checks that it stays that concatenation.)
+/// Every key the options string accepts: the session settings ([`SparseKnnConfig::KEYS`]) and
+/// [`PER_CALL_KEYS`], in the order error messages list them. (A test checks that it stays
+/// exactly those.)
 pub const OPTION_KEYS: &[&str] = &[
-    "device",
     "p",
     "dim",
+    "device",
     "exclude_self",
-    "gpu_memory_limit",
     "left_column",
     "right_column",
+    "gpu_memory_limit",
 ];
 
 /// Options of one call, after session defaults and the options string are applied.
@@ -377,7 +383,10 @@ mod tests {
     fn settings_and_options_string_are_one_list() {
         let mut keys: Vec<&str> = SparseKnnConfig::KEYS.to_vec();
         keys.extend_from_slice(PER_CALL_KEYS);
-        assert_eq!(keys, OPTION_KEYS);
+        keys.sort();
+        let mut listed = OPTION_KEYS.to_vec();
+        listed.sort();
+        assert_eq!(keys, listed);
         // Every setting's default is a value the options string accepts for that key.
         for entry in SparseKnnConfig::default().entries() {
             let key = entry.key.strip_prefix("sparse_knn.").unwrap();

@@ -165,6 +165,8 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
 /// The Parquet output, local or in an object store. Either way the result appears at its name
 /// only when complete: a local file is renamed into place, an S3 object is a (multipart) upload
 /// that is completed at the end and aborted on failure, so a failed run leaves no partial object.
+// One value per job, never moved around in bulk: boxing a writer would buy nothing.
+#[allow(clippy::large_enum_variant)]
 enum Output {
     Local {
         output: OutputFile,
