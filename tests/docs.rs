@@ -426,7 +426,7 @@ mod rust_api_examples {
             .map(|b| arrow::compute::sum(b.column(1).as_primitive::<Int64Type>()).unwrap_or(0))
             .sum();
         // Each query is within 0.5 of itself at least, and not of every cell.
-        assert!(within >= 5 && within < 5 * 1258, "{within}");
+        assert!((5..5 * 1258).contains(&within), "{within}");
         let d = nearest
             .column_by_name("distance")
             .unwrap()
