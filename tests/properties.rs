@@ -433,5 +433,8 @@ fn random_sql_arguments_never_panic() {
     });
     // Not only errors: a good share of the random calls are valid and run to the end.
     let answered = answered.into_inner();
-    assert!(answered >= 4, "only {answered} random calls ran to an answer");
+    assert!(
+        answered >= 4,
+        "only {answered} random calls ran to an answer"
+    );
 }
