@@ -345,16 +345,12 @@ fn cpu_knn_matches_the_float64_reference() {
 #[test]
 fn random_sql_arguments_never_panic() {
     let kinds: Vec<MetricKind> = MetricKind::all().collect();
-    let keys = [
-        "p",
-        "dim",
-        "device",
-        "exclude_self",
-        "left_column",
-        "right_column",
-        "gpu_memory_limit",
-        "bogus",
-    ];
+    // Every key the options string accepts, and one it does not.
+    let keys: Vec<&str> = datafusion_sparse_knn::options::OPTION_KEYS
+        .iter()
+        .copied()
+        .chain(["bogus"])
+        .collect();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

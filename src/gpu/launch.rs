@@ -144,8 +144,15 @@ impl PartLaunch<'_> {
                 dense,
             ));
         }
-        let dummy_ids = zeros::<i32>(device, 1)?;
-        let col_ids = self.col_ids.unwrap_or(&dummy_ids);
+        // The kernel reads col_ids only in sorted-column mode; it still needs a valid address.
+        let dummy_ids;
+        let col_ids = match self.col_ids {
+            Some(ids) => ids,
+            None => {
+                dummy_ids = zeros::<i32>(device, 1)?;
+                &dummy_ids
+            }
+        };
 
         let mut pairs = PairList::default();
         loop {
