@@ -1,36 +1,52 @@
 // Exact kNN and radius joins over sparse vectors (CSR left batch against a resident right side),
 // generic over the metric: every formula comes from `MetricDef`, generated from src/metric.
 //
-// Folded metrics (all but chebyshev): one thread block per left row. The right rows are cut into
-// tiles of `tile_rows`; for each tile the block accumulates the folded sum of every right row of
-// the tile in shared memory, walking for each nonzero column of the left row the part of that
-// column's inverted list (CSC, row-sorted) that falls inside the tile. The split points of every
-// column at every tile boundary are precomputed (`tile_ptr`), so no binary search is needed. The
-// work of all the left row's columns is flattened into one index space (an exclusive scan of the
-// segment lengths), so a popular column with a long list is spread over all threads of the block
-// and a left row of high degree is taken in chunks of the block size: skewed degrees on either
-// side keep every thread busy. Then every right row of the tile is finished with both rows'
-// totals and offered to the block's running top-k (a candidate buffer filtered by the current
-// k-th key, compacted by a bitonic sort when it fills), or for a radius join appended to a global
-// pair list through an atomic counter. No m×n matrix exists anywhere; only k pairs per left row
-// leave the block.
+// Folded metrics (sum reductions without an exact union term): one thread block per left row.
+// The right rows are cut into tiles of `tile_rows`; for each tile the block accumulates the folded
+// sum of every right row of the tile in shared memory, walking for each nonzero column of the
+// left row the part of that column's inverted list (CSC, row-sorted) that falls inside the tile.
+// The split points of every column at every tile boundary are precomputed (`tile_ptr`), so no
+// binary search is needed. The work of all the left row's columns is flattened into one index
+// space (an exclusive scan of the segment lengths), so a popular column with a long list is spread
+// over all threads of the block and a left row of high degree is taken in chunks of the block
+// size: skewed degrees on either side keep every thread busy. Then every right row of the tile is
+// finished with both rows' totals and offered to the block's running top-k (a candidate buffer
+// filtered by the current k-th entry, compacted by a bitonic sort when it fills), or for a radius
+// join appended to a global pair list through an atomic counter. No m×n matrix exists anywhere;
+// only k pairs per left row leave the block.
 //
-// Keys: the distance as float, mapped to an unsigned integer whose order is the float order, in
-// the high 32 bits, and the right row in the low 32 bits. Sorting the 64-bit composite gives the
-// SPEC's order (nearest first, ties to the smaller right row) with no separate tie rule.
+// Accumulation is in 64-bit fixed point, not floating point: each pair term is rounded to a
+// multiple of 2^-s, s chosen per left row from a bound on the terms (the metric's pair terms at
+// the right side's smallest and largest |y|, and at y = ±|x|; they are monotone in |y| or bounded
+// there, see `term_bound`), so that no sum of the row can pass 2^62. Integer additions are exact
+// and commute: the sums, hence the distances, are the same bits on every run whatever order the
+// atomics land in (equal right rows tie exactly and keep the right side's row order), and their
+// error is that of the rounding of each term (2^-61 of the bound), far below float64 sums of
+// float atomics. A term above its bound (a definition whose terms are not bounded that way) sets
+// `overflow` and the host reports it instead of returning wrong sums.
+//
+// Keys: the distance as a double mapped to an unsigned 64-bit integer whose order is the double
+// order, plus the right row; (key, row) pairs compare lexicographically, which is the SPEC's order
+// (nearest first, ties to the smaller right row) with no separate tie rule. Distances leave the
+// kernel as doubles.
 
 #define NO_KEY 0xffffffffffffffffull
+#define NO_ROW 0xffffffffu
 // `self_first` when exclude_self is off.
 #define NO_SELF (-0x7fffffffffffffffll - 1)
 
-__device__ __forceinline__ u32 float_to_ordered(float f) {
-    u32 b = __float_as_uint(f);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+__device__ __forceinline__ u64 double_to_ordered(double f) {
+    u64 b = (u64)__double_as_longlong(f);
+    return (b & 0x8000000000000000ull) ? ~b : (b | 0x8000000000000000ull);
 }
 
-__device__ __forceinline__ float ordered_to_float(u32 k) {
-    u32 b = (k & 0x80000000u) ? (k ^ 0x80000000u) : ~k;
-    return __uint_as_float(b);
+__device__ __forceinline__ double ordered_to_double(u64 k) {
+    u64 b = (k & 0x8000000000000000ull) ? (k ^ 0x8000000000000000ull) : ~k;
+    return __longlong_as_double((long long)b);
+}
+
+__device__ __forceinline__ bool entry_less(u64 ka, u32 ra, u64 kb, u32 rb) {
+    return ka < kb || (ka == kb && ra < rb);
 }
 
 // Exclusive scan of `v` over the block (blockDim.x a multiple of 32, at most 1024); `total` gets
@@ -61,30 +77,37 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_sums, u32* 
     return before;
 }
 
-__device__ __forceinline__ double block_sum(double v, double* scratch) {
+// Sum (MAX = false) or max over the block, in a fixed order: the same bits on every run.
+template <bool MAX> __device__ __forceinline__ double block_reduce(double v, double* scratch) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) {
+        double w = __shfl_down_sync(0xffffffffu, v, o);
+        v = MAX ? fmax(v, w) : v + w;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     double s = 0.0;
-    for (int w = 0; w < nwarps; ++w) s += scratch[w];
+    for (int w = 0; w < nwarps; ++w) s = MAX ? fmax(s, scratch[w]) : s + scratch[w];
     __syncthreads();
     return s;
 }
 
-// Sorts cand[0..cap) ascending (cap a power of two), all threads of the block.
-__device__ void bitonic_sort(u64* cand, int cap) {
+// Sorts (key, row) entries [0..cap) ascending (cap a power of two), all threads of the block.
+__device__ void bitonic_sort(u64* key, u32* row, int cap) {
     for (int size = 2; size <= cap; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             for (int i = threadIdx.x; i < (cap >> 1); i += blockDim.x) {
                 int lo = 2 * stride * (i / stride) + (i % stride);
                 int hi = lo + stride;
                 bool asc = (lo & size) == 0;
-                u64 a = cand[lo], b = cand[hi];
-                if ((a > b) == asc) {
-                    cand[lo] = b;
-                    cand[hi] = a;
+                u64 ka = key[lo], kb = key[hi];
+                u32 ra = row[lo], rb = row[hi];
+                if (entry_less(kb, rb, ka, ra) == asc) {
+                    key[lo] = kb;
+                    row[lo] = rb;
+                    key[hi] = ka;
+                    row[hi] = ra;
                 }
             }
             __syncthreads();
@@ -92,20 +115,62 @@ __device__ void bitonic_sort(u64* cand, int cap) {
     }
 }
 
-// The running top-k of one block: `cand` holds `*count` entries, unsorted after the last
-// compaction; keys at or above `*tau` cannot enter.
-__device__ void topk_compact(u64* cand, int cap, int k, int* count, u64* tau) {
+// The running top-k of one block: `*count` entries, unsorted after the last compaction; entries
+// not below (`*tau_key`, `*tau_row`) cannot enter.
+__device__ void topk_compact(u64* key, u32* row, int cap, int k, int* count, u64* tau_key,
+                             u32* tau_row) {
     __syncthreads();
     int n = *count;
-    for (int i = n + threadIdx.x; i < cap; i += blockDim.x) cand[i] = NO_KEY;
+    for (int i = n + threadIdx.x; i < cap; i += blockDim.x) {
+        key[i] = NO_KEY;
+        row[i] = NO_ROW;
+    }
     __syncthreads();
-    bitonic_sort(cand, cap);
+    bitonic_sort(key, row, cap);
     if (threadIdx.x == 0) {
         int kept = n < k ? n : k;
         *count = kept;
-        if (n >= k) *tau = cand[k - 1];
+        if (n >= k) {
+            *tau_key = key[k - 1];
+            *tau_row = row[k - 1];
+        }
     }
     __syncthreads();
+}
+
+// Offers (key, row) to the running top-k.
+__device__ __forceinline__ void topk_offer(u64* key, u32* row, int* count, u64 tau_key,
+                                           u32 tau_row, u64 c, u32 j) {
+    if (entry_less(c, j, tau_key, tau_row)) {
+        int slot = atomicAdd(count, 1);
+        key[slot] = c;
+        row[slot] = j;
+    }
+}
+
+// Writes a block's final top-k (after the last compaction) for work row `w`.
+__device__ __forceinline__ void topk_write(const u64* key, const u32* row, int n, int w, int k,
+                                           u32* out_rows, double* out_dist, int* out_count) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        out_rows[(size_t)w * k + i] = row[i];
+        const double d = ordered_to_double(key[i]);
+        out_dist[(size_t)w * k + i] = MetricDef::SIMILARITY ? -d : d;
+    }
+    if (threadIdx.x == 0) out_count[w] = n;
+}
+
+__device__ __forceinline__ void radius_emit(const double dist, const double radius, const int row,
+                                            const int j, u64* counter, const u64 cap, u32* left,
+                                            u32* right, double* out) {
+    bool inside = MetricDef::SIMILARITY ? dist >= radius : dist <= radius;
+    if (inside) {
+        u64 slot = atomicAdd(counter, 1ull);
+        if (slot < cap) {
+            left[slot] = (u32)row;
+            right[slot] = (u32)j;
+            out[slot] = dist;
+        }
+    }
 }
 
 __device__ __forceinline__ bool row_valid(const u32* bits, int j) {
@@ -123,10 +188,49 @@ __device__ __forceinline__ int map_column(int c, int col_mode, int ncols, const 
     return (lo < ncols && col_ids[lo] == c) ? lo : -1;
 }
 
+#if !METRIC_UNION
+template <int I> __device__ __forceinline__ double pair_term(double x, double y, const Params& prm) {
+    return I == 0 ? MetricDef::pair0(x, y, prm) : MetricDef::pair1(x, y, prm);
+}
 
-#if !METRIC_REDUCTION_MAX
+// A bound on |pair_I(x, y)| over the right side's values: every metric's pair terms are monotone
+// in |y| on each sign, or reach their extreme at y = ±x (canberra, hamming), so the extremes of
+// |y| in [y_min, y_max] (both signs) and y = ±|x| cover them. NaN (outside a metric's domain,
+// e.g. a log of a negative y that validation excludes) is ignored by fmax.
+template <int I> __device__ double term_bound(double x, double y_min, double y_max,
+                                              const Params& prm) {
+    const double ax = fabs(x);
+    double b = 0.0;
+    b = fmax(b, fabs(pair_term<I>(x, y_min, prm)));
+    b = fmax(b, fabs(pair_term<I>(x, -y_min, prm)));
+    b = fmax(b, fabs(pair_term<I>(x, y_max, prm)));
+    b = fmax(b, fabs(pair_term<I>(x, -y_max, prm)));
+    b = fmax(b, fabs(pair_term<I>(x, ax, prm)));
+    b = fmax(b, fabs(pair_term<I>(x, -ax, prm)));
+    return b;
+}
+
+// 2^s such that `deg` terms of at most twice `bound` sum below 2^62 once scaled.
+__device__ __forceinline__ double fixed_scale(double bound, int deg) {
+    double t = bound * 2.0 * (double)(deg > 0 ? deg : 1);
+    if (!(t > 0.0) || isinf(t)) t = 1.0;
+    int e;
+    frexp(t, &e);  // t < 2^e
+    e = max(e, -950);
+    return ldexp(1.0, 62 - e);
+}
+
+// Adds `term` (scaled) to a fixed-point accumulator; flags a term beyond the bound.
+__device__ __forceinline__ void fixed_add(long long* acc, double term, double scale, u32* overflow) {
+    const double v = term * scale;
+    if (!(fabs(v) <= 4.0e18)) {
+        *overflow = 1u;
+        return;
+    }
+    atomicAdd((unsigned long long*)acc, (unsigned long long)llrint(v));
+}
+
 template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
-    typedef MetricDef::Acc Acc;
     const int* l_off = a.l_off;
     const long long l_base = a.l_base;
     const int* l_idx = a.l_idx;
@@ -135,8 +239,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const int nwork = a.nwork, n_right = a.n_right;
     const long long self_first = a.self_first;
     const u32* valid_bits = a.valid_bits;
-    const void* rt0v = a.rt0;
-    const void* rt1v = a.rt1;
+    const double* rt0 = a.rt0;
+    const double* rt1 = a.rt1;
     const int col_mode = a.col_mode, ncols = a.ncols;
     const int* col_ids = a.col_ids;
     const u32* tile_ptr = a.tile_ptr;
@@ -150,20 +254,20 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     extern __shared__ __align__(16) unsigned char smem[];
     const int B = blockDim.x;
     const bool TWO = MetricDef::TWO;
-    const Acc* rt0 = (const Acc*)rt0v;
-    const Acc* rt1 = (const Acc*)rt1v;
-    // Shared memory: acc0[tile] (acc1[tile]) | cand[cap] (knn) | seg_start[B] seg_off[B] seg_x[B]
-    Acc* acc0 = (Acc*)smem;
-    Acc* acc1 = acc0 + tile_rows;
-    unsigned char* after_acc = (unsigned char*)(acc0 + (TWO ? 2 : 1) * tile_rows);
-    u64* cand = (u64*)after_acc;
-    u32* seg_start = (u32*)(cand + (RADIUS ? 0 : cap));
+    // Shared memory: acc0[tile] (acc1[tile]) | cand_key[cap] cand_row[cap] (knn) |
+    // seg_start[B] seg_off[B] seg_x[B]
+    long long* acc0 = (long long*)smem;
+    long long* acc1 = acc0 + tile_rows;
+    u64* cand_key = (u64*)(acc0 + (TWO ? 2 : 1) * tile_rows);
+    u32* cand_row = (u32*)(cand_key + (RADIUS ? 0 : cap));
+    u32* seg_start = cand_row + (RADIUS ? 0 : cap);
     u32* seg_off = seg_start + B;
     float* seg_x = (float*)(seg_off + B);
     __shared__ u32 warp_sums[32];
     __shared__ double red[32];
     __shared__ int s_count;
-    __shared__ u64 s_tau;
+    __shared__ u64 s_tau_key;
+    __shared__ u32 s_tau_row;
 
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
         const int row = work[w];
@@ -172,20 +276,26 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         const int deg = (int)(end - start);
         const long long self_row = self_first != NO_SELF ? self_first + row : -1;
 
-        // Left totals in float64 (every thread sums a strided part; block reduction).
-        double t0 = 0.0, t1 = 0.0;
+        // Left totals in float64 and the fixed-point scales, each a block reduction in a fixed
+        // order (every thread takes a strided part).
+        double t0 = 0.0, t1 = 0.0, b0 = 0.0, b1 = 0.0;
         for (int e = threadIdx.x; e < deg; e += B) {
             float x = l_val[start + e];
             if (x != 0.0f) {
                 t0 += MetricDef::total0((double)x, prm);
                 t1 += MetricDef::total1((double)x, prm);
+                b0 = fmax(b0, term_bound<0>((double)x, a.y_min, a.y_max, prm));
+                if (TWO) b1 = fmax(b1, term_bound<1>((double)x, a.y_min, a.y_max, prm));
             }
         }
-        const double lt0 = block_sum(t0, red);
-        const double lt1 = block_sum(t1, red);
+        const double lt0 = block_reduce<false>(t0, red);
+        const double lt1 = block_reduce<false>(t1, red);
+        const double scale0 = fixed_scale(block_reduce<true>(b0, red), deg);
+        const double scale1 = TWO ? fixed_scale(block_reduce<true>(b1, red), deg) : 1.0;
         if (threadIdx.x == 0) {
             s_count = 0;
-            s_tau = NO_KEY;
+            s_tau_key = NO_KEY;
+            s_tau_row = NO_ROW;
         }
         __syncthreads();
 
@@ -231,39 +341,30 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     u32 pos = seg_start[lo] + (q - seg_off[lo]);
                     int j = (int)col_rows[pos] - tile_first;
                     const double x = seg_x[lo], y = col_vals[pos];
-                    atomicAdd(&acc0[j], (Acc)MetricDef::pair0(x, y, prm));
-                    if (TWO) atomicAdd(&acc1[j], (Acc)MetricDef::pair1(x, y, prm));
+                    fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow);
+                    if (TWO) fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1, a.overflow);
                 }
                 __syncthreads();
             }
             // Finish every right row of the tile and select.
-            for (int b0 = 0; b0 < tile_len; b0 += B) {
-                int jj = b0 + threadIdx.x;
+            for (int f0 = 0; f0 < tile_len; f0 += B) {
+                int jj = f0 + threadIdx.x;
                 if (jj < tile_len) {
                     int j = tile_first + jj;
                     if (row_valid(valid_bits, j) && (long long)j != self_row) {
                         const Totals lt = {lt0, lt1};
-                        const Totals rt = {MetricDef::NEEDS_RT0 ? (double)rt0[j] : 0.0,
-                                           MetricDef::NEEDS_RT1 ? (double)rt1[j] : 0.0};
-                        double a1v = TWO ? (double)acc1[jj] : 0.0;
-                        double dist = MetricDef::finish((double)acc0[jj], a1v, lt, rt, prm);
+                        const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
+                                           MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
+                        const double s0 = (double)acc0[jj] / scale0;
+                        const double s1 = TWO ? (double)acc1[jj] / scale1 : 0.0;
+                        const double dist = MetricDef::finish(s0, s1, lt, rt, prm);
                         if (RADIUS) {
-                            bool inside = MetricDef::SIMILARITY ? dist >= radius : dist <= radius;
-                            if (inside) {
-                                u64 slot = atomicAdd(a.r_counter, 1ull);
-                                if (slot < r_cap) {
-                                    a.r_left[slot] = (u32)row;
-                                    a.r_right[slot] = (u32)j;
-                                    a.r_dist[slot] = dist;
-                                }
-                            }
+                            radius_emit(dist, radius, row, j, a.r_counter, r_cap, a.r_left,
+                                        a.r_right, a.r_dist);
                         } else {
-                            float key = (float)(MetricDef::SIMILARITY ? -dist : dist);
-                            u64 c = ((u64)float_to_ordered(key) << 32) | (u64)(u32)j;
-                            if (c < s_tau) {
-                                int slot = atomicAdd(&s_count, 1);
-                                cand[slot] = c;
-                            }
+                            const u64 c = double_to_ordered(MetricDef::SIMILARITY ? -dist : dist);
+                            topk_offer(cand_key, cand_row, &s_count, s_tau_key, s_tau_row, c,
+                                       (u32)j);
                         }
                     }
                 }
@@ -273,21 +374,15 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     // Every thread reads the count before any thread can add to it again.
                     const int cnt = s_count;
                     __syncthreads();
-                    if (cnt > cap - B) topk_compact(cand, cap, k, &s_count, &s_tau);
+                    if (cnt > cap - B)
+                        topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
                 }
             }
             __syncthreads();
         }
         if (!RADIUS) {
-            topk_compact(cand, cap, k, &s_count, &s_tau);
-            const int n = s_count;
-            for (int i = threadIdx.x; i < n; i += B) {
-                u64 c = cand[i];
-                a.out_rows[(size_t)w * k + i] = (u32)(c & 0xffffffffull);
-                float key = ordered_to_float((u32)(c >> 32));
-                a.out_keys[(size_t)w * k + i] = MetricDef::SIMILARITY ? -key : key;
-            }
-            if (threadIdx.x == 0) a.out_count[w] = n;
+            topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
+            topk_write(cand_key, cand_row, s_count, w, k, a.out_rows, a.out_dist, a.out_count);
             __syncthreads();
         }
     }
@@ -297,17 +392,24 @@ extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a
 extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
 #endif
 
-// Max-reduced metrics (chebyshev): max over the union of supports, so no folded form. The term is
-// MetricDef::term; a missing side is 0 (term(0, y) = |y| and term(x, 0) = |x|, see
-// `Reduction::Max` in src/metric/define.rs). One block per left row (the
-// grid is capped at the number of `dense` scratch slots). The left row is scattered into its
-// block's slot of a dense array over the right side's columns; each warp walks right rows (CSR,
-// column-sorted): shared columns give |x - y|, right-only ones |y|. The largest |x| over left-only
-// columns is the first entry of the left row's list sorted by |x| (descending, prepared with the
-// batch) that the right row lacks: a warp tests 32 entries at a time by binary search in the
-// right row.
-#if METRIC_REDUCTION_MAX
-template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
+// Union metrics (those with an exact term: chebyshev's max, minkowski's sum): the term over the
+// union of supports, exact, no folded form (minkowski's folded sum Σ|x|ᵖ + Σ|y|ᵖ − ... cancels
+// for large, nearly equal rows). MetricDef::term gives the term; a missing side is 0, and the
+// reduction is a max or a sum (`METRIC_REDUCTION_MAX`). One block per left row (the grid is
+// capped at the number of `dense` scratch slots). The left row is scattered into its block's slot
+// of a dense array over the right side's columns; each warp walks right rows (CSR, column-sorted):
+// shared columns give term(x, y), right-only ones term(0, y). Left-only columns: for a max, the
+// largest is the first entry of the left row's list sorted by |x| (descending, prepared with the
+// batch) that the right row lacks, so a warp tests 32 entries at a time by binary search in the
+// right row and stops at the first missing one; for a sum every missing entry counts. Every lane
+// reduces its own strided part and the warp combines them in a fixed order: the same bits on
+// every run.
+#if METRIC_UNION
+__device__ __forceinline__ double reduce_term(double acc, double term) {
+    return METRIC_REDUCTION_MAX ? fmax(acc, term) : acc + term;
+}
+
+template <bool RADIUS> __device__ void union_body(const UnionArgs& a) {
     const int* work = a.work;
     const int nwork = a.nwork, n_right = a.n_right;
     const long long self_first = a.self_first;
@@ -321,17 +423,20 @@ template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
     const float* r_val = a.r_val;
     float* dense = a.dense;
     const Params prm = {a.p, a.d};
+    const Totals zero = {0.0, 0.0};
     const int k = a.k, cap = a.cap;
     const double radius = a.radius;
     const u64 r_cap = a.r_cap;
     extern __shared__ __align__(16) unsigned char smem[];
     const int B = blockDim.x;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = B >> 5;
-    u64* cand = (u64*)smem;
-    float* dist_s = (float*)(cand + (RADIUS ? 0 : cap));
-    double* dist_d = (double*)smem;  // radius: exact distances of the current chunk
+    // Shared memory: dist[B] | cand_key[cap] cand_row[cap] (knn)
+    double* dist_s = (double*)smem;
+    u64* cand_key = (u64*)(dist_s + B);
+    u32* cand_row = (u32*)(cand_key + (RADIUS ? 0 : cap));
     __shared__ int s_count;
-    __shared__ u64 s_tau;
+    __shared__ u64 s_tau_key;
+    __shared__ u32 s_tau_row;
     float* slot = dense + (size_t)blockIdx.x * ncols;
 
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
@@ -344,7 +449,8 @@ template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
         }
         if (threadIdx.x == 0) {
             s_count = 0;
-            s_tau = NO_KEY;
+            s_tau_key = NO_KEY;
+            s_tau_row = NO_ROW;
         }
         __syncthreads();
         for (int b0 = 0; b0 < n_right; b0 += B) {
@@ -352,13 +458,11 @@ template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
             for (int jj = warp; jj < chunk; jj += nwarps) {
                 const int j = b0 + jj;
                 const u32 p0 = r_ptr[j], p1 = r_ptr[j + 1];
-                float m = 0.0f;
+                double m = 0.0;
                 for (u32 q = p0 + lane; q < p1; q += 32) {
-                    float y = r_val[q];
-                    float x = slot[r_col[q]];
-                    m = fmaxf(m, (float)MetricDef::term(x, y, prm));
+                    m = reduce_term(m, MetricDef::term((double)slot[r_col[q]], (double)r_val[q], prm));
                 }
-                // Left-only columns: the largest |x| the right row lacks.
+                // Left-only columns.
                 for (int base = e0; base < e1; base += 32) {
                     int e = base + lane;
                     bool missing = false;
@@ -374,54 +478,42 @@ template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
                             missing = !(lo < p1 && r_col[lo] == col);
                         }
                     }
-                    u32 ballot = __ballot_sync(0xffffffffu, missing);
-                    if (ballot) {
-                        int first = __ffs(ballot) - 1;
-                        if (lane == first) m = fmaxf(m, (float)MetricDef::term(ch_val[e], 0.0, prm));
-                        break;
+                    if (METRIC_REDUCTION_MAX) {
+                        u32 ballot = __ballot_sync(0xffffffffu, missing);
+                        if (ballot) {
+                            int first = __ffs(ballot) - 1;
+                            if (lane == first) m = reduce_term(m, MetricDef::term((double)ch_val[e], 0.0, prm));
+                            break;
+                        }
+                    } else if (missing) {
+                        m = reduce_term(m, MetricDef::term((double)ch_val[e], 0.0, prm));
                     }
                 }
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                if (lane == 0) {
-                    if (RADIUS) dist_d[jj] = (double)m; else dist_s[jj] = m;
-                }
+                for (int o = 16; o > 0; o >>= 1) m = reduce_term(m, __shfl_xor_sync(0xffffffffu, m, o));
+                if (lane == 0) dist_s[jj] = MetricDef::finish(m, 0.0, zero, zero, prm);
             }
             __syncthreads();
             if (threadIdx.x < chunk) {
                 const int j = b0 + threadIdx.x;
                 if (row_valid(valid_bits, j) && (long long)j != self_row) {
+                    const double dist = dist_s[threadIdx.x];
                     if (RADIUS) {
-                        double dist = dist_d[threadIdx.x];
-                        if (MetricDef::SIMILARITY ? dist >= radius : dist <= radius) {
-                            u64 s = atomicAdd(a.r_counter, 1ull);
-                            if (s < r_cap) {
-                                a.r_left[s] = (u32)row;
-                                a.r_right[s] = (u32)j;
-                                a.r_dist[s] = dist;
-                            }
-                        }
+                        radius_emit(dist, radius, row, j, a.r_counter, r_cap, a.r_left, a.r_right,
+                                    a.r_dist);
                     } else {
-                        u64 c = ((u64)float_to_ordered(dist_s[threadIdx.x]) << 32) | (u64)(u32)j;
-                        if (c < s_tau) {
-                            int s = atomicAdd(&s_count, 1);
-                            cand[s] = c;
-                        }
+                        const u64 c = double_to_ordered(MetricDef::SIMILARITY ? -dist : dist);
+                        topk_offer(cand_key, cand_row, &s_count, s_tau_key, s_tau_row, c, (u32)j);
                     }
                 }
             }
             __syncthreads();
-            if (!RADIUS && s_count > cap - B) topk_compact(cand, cap, k, &s_count, &s_tau);
+            if (!RADIUS && s_count > cap - B)
+                topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
         }
         if (!RADIUS) {
-            topk_compact(cand, cap, k, &s_count, &s_tau);
-            const int n = s_count;
-            for (int i = threadIdx.x; i < n; i += B) {
-                u64 c = cand[i];
-                a.out_rows[(size_t)w * k + i] = (u32)(c & 0xffffffffull);
-                a.out_keys[(size_t)w * k + i] = ordered_to_float((u32)(c >> 32));
-            }
-            if (threadIdx.x == 0) a.out_count[w] = n;
+            topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
+            topk_write(cand_key, cand_row, s_count, w, k, a.out_rows, a.out_dist, a.out_count);
         }
         // Clear the slot for the next left row.
         for (int e = e0 + threadIdx.x; e < e1; e += B) {
@@ -432,6 +524,6 @@ template <bool RADIUS> __device__ void maxred_body(const MaxArgs& a) {
     }
 }
 
-extern "C" __global__ void maxred_knn(const MaxArgs a) { maxred_body<false>(a); }
-extern "C" __global__ void maxred_radius(const MaxArgs a) { maxred_body<true>(a); }
+extern "C" __global__ void union_knn(const UnionArgs a) { union_body<false>(a); }
+extern "C" __global__ void union_radius(const UnionArgs a) { union_body<true>(a); }
 #endif

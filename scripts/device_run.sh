@@ -30,7 +30,7 @@ if [ "$mode" = test ]; then
     /tmp/gpu_test --ignored --test-threads=1 2>&1 | tee "$OUT/gpu_test.log"
     echo "gpu_test exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
     # Other test binaries with GPU cases (a metric defined in a test; SQL joins with device=gpu).
-    for t in custom_metric_test joins_test; do
+    for t in custom_metric_test real_counts_test joins_test; do
         if ls devrun/$t* >/dev/null 2>&1; then
             unpack $t
             /tmp/$t --include-ignored --test-threads=1 2>&1 | tee -a "$OUT/gpu_test.log"
@@ -45,6 +45,12 @@ if [ "$mode" = test ]; then
             2>&1 | tail -n 200 >"$OUT/memcheck.log"
         echo "memcheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
         tail -n 5 "$OUT/memcheck.log"
+        # Shared-memory races (the top-k buffer, the accumulators, the scans).
+        timeout ${RACE_TIMEOUT:-200} "$SAN" --tool racecheck --error-exitcode 3 \
+            /tmp/gpu_test --ignored --test-threads=1 every_metric_matches_cpu_small \
+            2>&1 | tail -n 200 >"$OUT/racecheck.log"
+        echo "racecheck exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+        tail -n 5 "$OUT/racecheck.log"
     else
         echo "no compute-sanitizer" | tee -a "$OUT/summary.txt"
     fi

@@ -82,8 +82,9 @@ sparse_knn_settings! {
         pub p: f64 = 2.0,
         /// Dimension for hamming, russellrao and correlation (0: not set).
         pub dim: u64 = 0,
-        /// Skip each row's pair with itself (same row position) in self-joins.
-        pub exclude_self: bool = false,
+        /// Skip pairs of a row with itself: true (the same input on both sides, by row
+        /// identity), a column name (pairs whose values of that column are equal), or false.
+        pub exclude_self: String = "false".to_string(),
         /// Device memory a GPU join may use, e.g. '8GiB' (empty: the device's free memory).
         pub gpu_memory_limit: String = String::new(),
     }
@@ -146,6 +147,33 @@ impl ExtensionOptions for SparseKnnConfig {
     }
 }
 
+/// Which pairs a join skips as a row paired with itself.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Hash)]
+pub enum ExcludeSelf {
+    #[default]
+    Off,
+    /// The row at the same position of the same input (both sides are one input).
+    Identity,
+    /// Pairs whose values of this column (present on both sides) are equal; NULLs equal nothing.
+    Column(String),
+}
+
+impl ExcludeSelf {
+    pub fn is_off(&self) -> bool {
+        *self == ExcludeSelf::Off
+    }
+}
+
+impl fmt::Display for ExcludeSelf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExcludeSelf::Off => f.write_str("false"),
+            ExcludeSelf::Identity => f.write_str("true"),
+            ExcludeSelf::Column(c) => f.write_str(c),
+        }
+    }
+}
+
 /// Where a join runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum DeviceChoice {
@@ -201,7 +229,7 @@ pub struct JoinOptions {
     pub p: Option<f64>,
     pub dim: Option<u64>,
     pub device: DeviceChoice,
-    pub exclude_self: bool,
+    pub exclude_self: ExcludeSelf,
     pub left_column: Option<String>,
     pub right_column: Option<String>,
     pub gpu_memory_limit: Option<u64>,
@@ -221,7 +249,7 @@ impl JoinOptions {
             p: None,
             dim: None,
             device: DeviceChoice::Auto,
-            exclude_self: false,
+            exclude_self: ExcludeSelf::Off,
             left_column: None,
             right_column: None,
             gpu_memory_limit: None,
@@ -276,11 +304,19 @@ impl JoinOptions {
             "device" => self.device = value.parse().map_err(|e| message(&e))?,
             "exclude_self" => {
                 self.exclude_self = match value.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "yes" | "on" => true,
-                    "false" | "0" | "no" | "off" => false,
+                    "true" | "1" | "yes" | "on" => ExcludeSelf::Identity,
+                    "false" | "0" | "no" | "off" => ExcludeSelf::Off,
+                    _ if !value.is_empty()
+                        && value
+                            .chars()
+                            .all(|c| c.is_alphanumeric() || c == '_' || c == ' ') =>
+                    {
+                        ExcludeSelf::Column(value.to_string())
+                    }
                     _ => {
                         return Err(format!(
-                            "option exclude_self must be true or false, got '{value}'"
+                            "option exclude_self must be true, false or a column name, got \
+                             '{value}'"
                         ))
                     }
                 }
@@ -349,7 +385,7 @@ mod tests {
         assert_eq!(o.p, Some(3.0));
         assert_eq!(o.dim, Some(100));
         assert_eq!(o.device, DeviceChoice::Cpu);
-        assert!(o.exclude_self);
+        assert_eq!(o.exclude_self, ExcludeSelf::Identity);
         assert_eq!(o.left_column.as_deref(), Some("v"));
         assert_eq!(o.gpu_memory_limit, Some(2 << 30));
     }

@@ -662,3 +662,77 @@ fn bench_times_each_metric_and_writes_json() {
         assert!(e.contains("1 of 1 runs failed") && e.contains("gpu"), "{e}");
     }
 }
+
+#[test]
+fn a_failed_knn_leaves_the_existing_output_and_no_temporary_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = generate(dir.path(), "good.parquet", "secedgar", 50, 1);
+    let out = dir.path().join("out.parquet");
+    let o = out.to_str().unwrap();
+    let g = good.to_str().unwrap();
+    ok(&[
+        "knn", "--left", g, "--right", g, "--metric", "cosine", "-k", "2", "--output", o,
+    ]);
+    let before = std::fs::read(&out).unwrap();
+    // A left file with a bad vector in it: the job fails once it reaches that row.
+    let bad = dir.path().join("bad.parquet");
+    let sql = format!(
+        "COPY (SELECT id, CASE WHEN id = 40 THEN named_struct('indices', [1, 1], 'values', [1.0, 2.0]) ELSE vec END AS vec \
+         FROM '{g}') TO '{}' STORED AS PARQUET",
+        bad.display()
+    );
+    ok(&["sql", "-c", &sql]);
+    let e = fails(&[
+        "knn",
+        "--left",
+        bad.to_str().unwrap(),
+        "--right",
+        g,
+        "--metric",
+        "cosine",
+        "-k",
+        "2",
+        "--output",
+        o,
+        "--overwrite",
+    ]);
+    assert!(e.contains("duplicate index 1"), "{e}");
+    assert_eq!(
+        std::fs::read(&out).unwrap(),
+        before,
+        "the good output was replaced"
+    );
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 3, "a temporary file was left: {names:?}");
+}
+
+#[test]
+fn a_closed_stdout_stops_quietly_with_a_failure_code() {
+    use std::io::Read;
+    let mut child = bin()
+        .args([
+            "sql",
+            "--format",
+            "csv",
+            "-c",
+            "SELECT * FROM generate_series(1, 5000000)",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut first = [0u8; 64];
+    stdout.read_exact(&mut first).unwrap();
+    drop(stdout);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(141), "{out:?}");
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -17,7 +17,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: true;
-    gpu_accumulator: f64;
     total(x, prm) = [sqrt(x), 0.0];
     pair(x, y, prm) = {
         let sx = sqrt(x);

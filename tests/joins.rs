@@ -733,17 +733,26 @@ async fn one_output_partition_per_left_partition_unless_exclude_self() {
     assert_eq!(rows, 2 * non_null);
 }
 
-#[tokio::test]
-async fn parquet_file_and_folder_paths_are_inputs() {
-    let ctx = context();
-    let dir = tempfile::tempdir().unwrap();
-    let folder = dir.path().join("left");
-    ctx.table("l")
+/// Writes table `name` as a folder of Parquet files (one per partition).
+async fn write_folder(
+    ctx: &SessionContext,
+    name: &str,
+    folder: &std::path::Path,
+) -> std::path::PathBuf {
+    ctx.table(name)
         .await
         .unwrap()
         .write_parquet(folder.to_str().unwrap(), Default::default(), None)
         .await
         .unwrap();
+    folder.to_path_buf()
+}
+
+#[tokio::test]
+async fn parquet_file_and_folder_paths_are_inputs() {
+    let ctx = context();
+    let dir = tempfile::tempdir().unwrap();
+    let folder = write_folder(&ctx, "l", &dir.path().join("left")).await;
     let files = std::fs::read_dir(&folder).unwrap().count();
     assert!(files >= 1, "{files}");
     let sorted = |mut v: Vec<(i64, i64, f64, i32)>| {
@@ -771,4 +780,84 @@ async fn parquet_file_and_folder_paths_are_inputs() {
     );
     let n = query(&ctx, &sql).await;
     assert!(n[0].column(0).as_primitive::<Int64Type>().value(0) > 0);
+}
+
+/// exclude_self=true needs one input on both sides (row identity); between different inputs it
+/// is an error that points to exclude_self=COLUMN, which skips pairs of equal COLUMN values for
+/// any two inputs: subqueries, a folder of several files against the folder or one of its files,
+/// several partitions, and a right side where every key appears twice.
+#[tokio::test]
+async fn exclude_self_by_identity_or_by_column() {
+    let ctx = context();
+    let dir = tempfile::tempdir().unwrap();
+    let folder = write_folder(&ctx, "l", &dir.path().join("l"))
+        .await
+        .display()
+        .to_string();
+    let file = std::fs::read_dir(&folder)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .display()
+        .to_string();
+    let all_of_l = "(SELECT * FROM l WHERE id < 1000)";
+    for (left, right) in [(all_of_l, "l"), ("l", &folder as &str), (&file, &folder)] {
+        let quote = |s: &str| {
+            if s.starts_with('/') {
+                format!("'{s}'")
+            } else {
+                s.to_string()
+            }
+        };
+        let sql = format!(
+            "SELECT * FROM knn_join({}, {}, 'cosine', 3, 'exclude_self=true')",
+            quote(left),
+            quote(right)
+        );
+        let e = error(&ctx, &sql).await;
+        assert!(
+            e.contains("needs the same input on both sides") && e.contains("exclude_self=COLUMN"),
+            "{sql}: {e}"
+        );
+    }
+    let want = reference(&ctx, "l", "l", "cosine", "").await;
+    for sql in [
+        format!("SELECT * FROM knn_join({all_of_l}, l, 'cosine', 4, 'exclude_self=id')"),
+        format!("SELECT * FROM knn_join(l, '{folder}', 'cosine', 4, 'exclude_self=id')"),
+        format!("SELECT * FROM knn_join('{folder}', '{folder}', 'cosine', 4, 'exclude_self=true')"),
+        format!("SELECT * FROM knn_join('{folder}', '{folder}', 'cosine', 4, 'exclude_self=ID')"),
+    ] {
+        let got = pairs(&query(&ctx, &sql).await);
+        check_knn(&sql, 4, &got, &want, true);
+    }
+    // Every key twice on the right: both copies are skipped, k neighbours remain.
+    ctx.sql("CREATE VIEW twice AS SELECT * FROM l UNION ALL SELECT * FROM l")
+        .await
+        .unwrap();
+    let want = reference(&ctx, "l", "twice", "cosine", "").await;
+    let got = pairs(
+        &query(
+            &ctx,
+            "SELECT * FROM knn_join(l, twice, 'cosine', 5, 'exclude_self=id')",
+        )
+        .await,
+    );
+    check_knn("twice", 5, &got, &want, true);
+    // A radius join too.
+    let got = pairs(
+        &query(
+            &ctx,
+            &format!("SELECT query_id, neighbor_id, distance FROM radius_join({all_of_l}, l, 'cosine', 0.5, 'exclude_self=id')"),
+        )
+        .await,
+    );
+    assert!(!got.is_empty() && got.iter().all(|p| p.0 != p.1), "{got:?}");
+    let e = error(
+        &ctx,
+        "SELECT * FROM knn_join(l, r, 'cosine', 3, 'exclude_self=nope')",
+    )
+    .await;
+    assert!(e.contains("has no column 'nope'"), "{e}");
 }

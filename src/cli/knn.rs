@@ -44,7 +44,8 @@ pub struct KnnArgs {
     /// Where the join runs (overrides --options).
     #[arg(long, value_parser = ["auto", "cpu", "gpu"])]
     pub device: Option<String>,
-    /// Skip the pair of a row with itself (same row position), for self-joins.
+    /// Skip the pair of a row with itself, for self-joins (--left and --right the same input);
+    /// between different inputs use --options exclude_self=COLUMN.
     #[arg(long)]
     pub exclude_self: bool,
     /// The vector column of --left, when it has several.
@@ -99,28 +100,35 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     let (left_rows, right_rows) = (local_rows(&left_at)?, local_rows(&right_at)?);
 
     let ctx = session()?;
+    // The same input on both sides is one table: a self-join, where rows have an identity
+    // (exclude_self=true).
+    let same_input = args.left == args.right;
+    let right_table = if same_input { "knn_left" } else { "knn_right" };
     register_location(&ctx, "knn_left", &left_at).await?;
-    register_location(&ctx, "knn_right", &right_at).await?;
+    if !same_input {
+        register_location(&ctx, "knn_right", &right_at).await?;
+    }
     let left_rows = match left_rows {
         Some(n) => n,
         None => table_rows(&ctx, "knn_left").await?,
     };
     let right_rows = match right_rows {
         Some(n) => n,
-        None => table_rows(&ctx, "knn_right").await?,
+        None => table_rows(&ctx, right_table).await?,
     };
     // The DataFrame form builds the same logical node as SQL's knn_join, without quoting paths
     // or metric names into a statement.
     let left = ctx.table("knn_left").await?;
-    let right = ctx.table("knn_right").await?;
+    let right = ctx.table(right_table).await?;
     let k = usize::try_from(args.k).map_err(|_| CliError(format!("-k {} is too large", args.k)))?;
     let df = crate::planner::knn_join(left, right, &args.metric, k, &options_text)?;
     let mut output = Output::create(&ctx, &output_at, args.overwrite).await?;
     let start = Instant::now();
     // Progress counts left rows from output pairs: every left row yields min(k, candidates)
     // pairs (a NULL vector yields none, so the bar may stop short; it is an estimate).
-    let candidates =
-        right_rows.saturating_sub(u64::from(args.exclude_self || options.exclude_self));
+    let candidates = right_rows.saturating_sub(u64::from(
+        args.exclude_self || !options.exclude_self.is_off(),
+    ));
     let per_row = args.k.min(candidates).max(1);
     let bar = progress_bar(left_rows, "knn");
     let written = async {

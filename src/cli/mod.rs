@@ -141,8 +141,9 @@ pub fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        // `sparse-knn sql ... | head` closes stdout early; like other Unix tools, stop quietly.
-        Err(e) if e.0.contains("Broken pipe") => ExitCode::SUCCESS,
+        // `sparse-knn sql ... | head` closes stdout early: stop quietly, but not with success
+        // (the output is cut short); 141 is what a shell reports for a process killed by SIGPIPE.
+        Err(e) if e.0.contains("Broken pipe") => ExitCode::from(141),
         Err(e) => {
             eprintln!("sparse-knn: {e}");
             ExitCode::FAILURE

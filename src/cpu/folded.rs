@@ -18,8 +18,8 @@ use crate::metric::{KeyForm, RowTotals, Semiring};
 /// Scratch of one thread, reused across left rows.
 #[derive(Debug, Default)]
 pub(crate) struct FoldedScratch {
-    acc0: Vec<f64>,
-    acc1: Vec<f64>,
+    pub(crate) acc0: Vec<f64>,
+    pub(crate) acc1: Vec<f64>,
     /// The left row's nonzeros by the layout of their column: (dense slot or column id, x).
     dense_hits: Vec<(u32, f32)>,
     sparse_hits: Vec<(u32, f32)>,
@@ -95,51 +95,13 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
     out: &mut PairList,
 ) {
     let n = index.rows;
-    let left_totals = s.totals(values.iter().copied().filter(|v| *v != 0.0));
-    ws.dense_hits.clear();
-    ws.sparse_hits.clear();
-    for (&c, &x) in indices.iter().zip(values) {
-        if x == 0.0 {
-            continue;
-        }
-        let Some(col) = index.columns.get(c) else {
-            continue;
-        };
-        match index.dense_slot[col as usize] {
-            SPARSE => ws.sparse_hits.push((col, x)),
-            slot => ws.dense_hits.push((slot, x)),
-        }
-    }
+    let left_totals = accumulate::<S, MASKED>(s, index, (indices, values), ws);
     let acc0 = &mut ws.acc0[..n];
     let acc1: &mut [f64] = if S::TWO_ACCUMULATORS {
         &mut ws.acc1[..n]
     } else {
         &mut []
     };
-
-    let dense = |slot: u32| &index.dense_vals[slot as usize * n..(slot as usize + 1) * n];
-    let mut groups = ws.dense_hits.chunks_exact(4);
-    for g in &mut groups {
-        let cols = [dense(g[0].0), dense(g[1].0), dense(g[2].0), dense(g[3].0)];
-        let xs = [g[0].1, g[1].1, g[2].1, g[3].1];
-        add_dense::<S, MASKED, 4>(s, cols, xs, acc0, acc1);
-    }
-    for &(slot, x) in groups.remainder() {
-        add_dense::<S, MASKED, 1>(s, [dense(slot)], [x], acc0, acc1);
-    }
-
-    for &(col, x) in &ws.sparse_hits {
-        let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
-        let rows = &index.col_rows[start..end];
-        let vals = &index.col_vals[start..end];
-        for (&j, &y) in rows.iter().zip(vals) {
-            let (a, b) = s.pair(x, y);
-            acc0[j as usize] += a;
-            if S::TWO_ACCUMULATORS {
-                acc1[j as usize] += b;
-            }
-        }
-    }
 
     let finish = |j: usize, acc0: &[f64], acc1: &[f64]| {
         let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
@@ -201,6 +163,66 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
     }
     acc0.fill(0.0);
     acc1.fill(0.0);
+}
+
+/// Step 1 for one left row: `ws.acc0[j]` (and `acc1`) get the folded sum over the columns the
+/// left row shares with right row j; returns the left row's totals. The caller zeroes the
+/// accumulators after use.
+#[inline(always)]
+pub(crate) fn accumulate<S: Semiring, const MASKED: bool>(
+    s: &S,
+    index: &CpuIndex,
+    (indices, values): (&[i32], &[f32]),
+    ws: &mut FoldedScratch,
+) -> RowTotals {
+    let n = index.rows;
+    let left_totals = s.totals(values.iter().copied().filter(|v| *v != 0.0));
+    ws.dense_hits.clear();
+    ws.sparse_hits.clear();
+    for (&c, &x) in indices.iter().zip(values) {
+        if x == 0.0 {
+            continue;
+        }
+        let Some(col) = index.columns.get(c) else {
+            continue;
+        };
+        match index.dense_slot[col as usize] {
+            SPARSE => ws.sparse_hits.push((col, x)),
+            slot => ws.dense_hits.push((slot, x)),
+        }
+    }
+    let acc0 = &mut ws.acc0[..n];
+    let acc1: &mut [f64] = if S::TWO_ACCUMULATORS {
+        &mut ws.acc1[..n]
+    } else {
+        &mut []
+    };
+
+    let dense = |slot: u32| &index.dense_vals[slot as usize * n..(slot as usize + 1) * n];
+    let mut groups = ws.dense_hits.chunks_exact(4);
+    for g in &mut groups {
+        let cols = [dense(g[0].0), dense(g[1].0), dense(g[2].0), dense(g[3].0)];
+        let xs = [g[0].1, g[1].1, g[2].1, g[3].1];
+        add_dense::<S, MASKED, 4>(s, cols, xs, acc0, acc1);
+    }
+    for &(slot, x) in groups.remainder() {
+        add_dense::<S, MASKED, 1>(s, [dense(slot)], [x], acc0, acc1);
+    }
+
+    for &(col, x) in &ws.sparse_hits {
+        let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
+        let rows = &index.col_rows[start..end];
+        let vals = &index.col_vals[start..end];
+        for (&j, &y) in rows.iter().zip(vals) {
+            let (a, b) = s.pair(x, y);
+            acc0[j as usize] += a;
+            if S::TWO_ACCUMULATORS {
+                acc1[j as usize] += b;
+            }
+        }
+    }
+
+    left_totals
 }
 
 /// `acc[j] += Σ_g pair(x_g, col_g[j])` over all right rows: a streaming loop the compiler

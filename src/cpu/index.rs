@@ -9,7 +9,7 @@
 
 use std::collections::HashMap;
 
-use crate::join::{PairList, ProbeOptions, Selection};
+use crate::join::{Cancel, PairList, ProbeOptions, Selection};
 use crate::metric::{with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring};
 use crate::vector::SparseBatch;
 
@@ -33,6 +33,7 @@ pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        cancel: &Cancel,
     ) -> PairList;
 }
 
@@ -78,14 +79,17 @@ pub struct CpuIndex {
     pub(crate) dense_slot: Vec<u32>,
     /// Dense columns, slot-major: `dense_vals[slot * rows + row]`, zero where the row lacks it.
     pub(crate) dense_vals: Vec<f32>,
-    /// Chebyshev only: each right row's (column id, value) with zeros dropped, largest |value|
-    /// first, so the row's largest value on a column the left row lacks is found in a few steps.
+    /// Metrics with an exact union term: each right row's (column id, value) with zeros dropped;
+    /// largest |value| first for a max (chebyshev: the row's largest value on a column the left
+    /// row lacks is found in a few steps), by column id for a sum (minkowski: merged with the
+    /// left row, see `certified`).
     pub(crate) row_ptr: Vec<usize>,
     pub(crate) row_cols: Vec<u32>,
     pub(crate) row_vals: Vec<f32>,
-    /// Metrics whose folded sum cancels (those with an exact union term: minkowski): the right
-    /// rows themselves, to recompute candidate pairs exactly.
-    pub(crate) exact_rows: Option<SparseBatch>,
+    /// A sum with an exact union term (minkowski): probed by `certified`.
+    pub(crate) union_sum: bool,
+    /// The most nonzeros of one right row (bounds the rounding error of `certified`).
+    pub(crate) max_row_len: usize,
 }
 
 impl CpuIndex {
@@ -149,13 +153,14 @@ impl CpuIndex {
             row_ptr: Vec::new(),
             row_cols: Vec::new(),
             row_vals: Vec::new(),
-            exact_rows: (!max_reduction && s.has_exact_term()).then(|| right.clone()),
+            union_sum: !max_reduction && s.has_exact_term(),
+            max_row_len: (0..rows).map(|r| right.row_len(r)).max().unwrap_or(0),
         };
         // A max reduction needs every column as postings: it tracks per right row which left
         // columns it holds, which a dense pass would do no faster.
         index.build_columns(right, !max_reduction);
-        if max_reduction {
-            index.build_rows(right, nnz);
+        if max_reduction || index.union_sum {
+            index.build_rows(right, nnz, max_reduction);
         }
         index
     }
@@ -217,7 +222,9 @@ impl CpuIndex {
         self.col_ptr = counts;
     }
 
-    fn build_rows(&mut self, right: &SparseBatch, nnz: usize) {
+    /// Right rows by column id, zeros dropped: largest |value| first when `by_magnitude`, else
+    /// sorted by column id.
+    fn build_rows(&mut self, right: &SparseBatch, nnz: usize, by_magnitude: bool) {
         self.row_ptr = Vec::with_capacity(self.rows + 1);
         self.row_ptr.push(0);
         self.row_cols = Vec::with_capacity(nnz);
@@ -232,7 +239,11 @@ impl CpuIndex {
                     .filter(|(_, &v)| v != 0.0)
                     .map(|(&c, &v)| (self.columns.get(c).unwrap(), v)),
             );
-            entries.sort_unstable_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+            if by_magnitude {
+                entries.sort_unstable_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
+            } else {
+                entries.sort_unstable_by_key(|e| e.0);
+            }
             self.row_cols.extend(entries.iter().map(|e| e.0));
             self.row_vals.extend(entries.iter().map(|e| e.1));
             self.row_ptr.push(self.row_cols.len());

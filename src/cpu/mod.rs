@@ -1,6 +1,7 @@
 //! The CPU backend: an inverted index of the build side and a parallel probe with fused top-k,
 //! generic over the metric definitions of `src/metric`.
 
+mod certified;
 mod chebyshev;
 mod folded;
 mod index;
@@ -14,7 +15,7 @@ pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use index::CpuIndex;
 pub use probe::probe;
 
-use crate::join::{Backend, JoinIndex, Probed};
+use crate::join::{Backend, Cancel, JoinIndex, Probed};
 use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
@@ -33,14 +34,16 @@ impl Backend for CpuBackend {
 }
 
 impl JoinIndex for CpuIndex {
-    fn probe(
+    fn probe_cancellable(
         &self,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        cancel: &Cancel,
     ) -> Result<Probed> {
         let started = Instant::now();
-        let pairs = probe(self, left, selection, options);
+        let pairs = self.kernels.probe(self, left, selection, options, cancel);
+        cancel.check()?;
         Ok(Probed {
             pairs,
             compute_time: started.elapsed(),

@@ -7,11 +7,12 @@
 
 use rayon::prelude::*;
 
+use super::certified::{certified_row, CertifiedScratch};
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
-use crate::join::{within, PairList, ProbeOptions, Selection, TopK};
-use crate::metric::{row_distance, Reduction, Semiring};
+use crate::join::{within, Cancel, PairList, ProbeOptions, Selection, TopK};
+use crate::metric::{Reduction, Semiring};
 use crate::vector::SparseBatch;
 
 /// Rows per parallel task: small enough to balance skewed degrees across cores.
@@ -24,8 +25,9 @@ impl<S: Semiring> CpuKernels for S {
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        cancel: &Cancel,
     ) -> PairList {
-        probe_with(self, index, left, selection, options)
+        probe_with(self, index, left, selection, options, cancel)
     }
 }
 
@@ -36,7 +38,9 @@ pub fn probe(
     selection: Selection,
     options: ProbeOptions,
 ) -> PairList {
-    index.kernels.probe(index, left, selection, options)
+    index
+        .kernels
+        .probe(index, left, selection, options, &Cancel::new())
 }
 
 fn probe_with<S: Semiring>(
@@ -45,6 +49,7 @@ fn probe_with<S: Semiring>(
     left: &SparseBatch,
     selection: Selection,
     options: ProbeOptions,
+    cancel: &Cancel,
 ) -> PairList {
     let rows = left.len();
     let chunks: Vec<PairList> = (0..rows.div_ceil(ROWS_PER_TASK))
@@ -55,13 +60,30 @@ fn probe_with<S: Semiring>(
                 let start = chunk * ROWS_PER_TASK;
                 let end = (start + ROWS_PER_TASK).min(rows);
                 let mut out = PairList::default();
+                // Once cancelled, the remaining tasks do nothing (the caller returns an error).
+                if cancel.is_cancelled() {
+                    return out;
+                }
+                cancel.add_rows(end - start);
                 for row in start..end {
                     if left.is_null(row) {
                         continue;
                     }
                     let skip = options.excluded_right_row(row, index.rows);
-                    match &index.exact_rows {
-                        None => probe_row(
+                    if index.union_sum {
+                        certified_row(
+                            s,
+                            index,
+                            left.row(row),
+                            row as u32,
+                            skip,
+                            selection,
+                            &mut ws.folded,
+                            &mut ws.certified,
+                            &mut out,
+                        );
+                    } else {
+                        probe_row(
                             s,
                             index,
                             left.row(row),
@@ -70,18 +92,7 @@ fn probe_with<S: Semiring>(
                             selection,
                             ws,
                             &mut out,
-                        ),
-                        Some(right) => refined_row(
-                            s,
-                            index,
-                            right,
-                            left.row(row),
-                            row as u32,
-                            skip,
-                            selection,
-                            ws,
-                            &mut out,
-                        ),
+                        );
                     }
                 }
                 out
@@ -95,53 +106,11 @@ fn probe_with<S: Semiring>(
     out
 }
 
-/// Extra candidates taken per left row before exact refinement, so that rows the folded form
-/// ranks slightly wrong (it cancels) can still make the final k.
-const REFINE_EXTRA: usize = 16;
-
-/// A metric whose folded form cancels when both rows hold large, nearly equal values (minkowski:
-/// Σ|x|ᵖ + Σ|y|ᵖ dwarfs the true Σ|x−y|ᵖ) gives an exact union term: the folded probe proposes
-/// candidates and each proposed pair is recomputed exactly over the union of the two rows.
-#[allow(clippy::too_many_arguments)]
-fn refined_row<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    right: &SparseBatch,
-    row: (&[i32], &[f32]),
-    left_row: u32,
-    skip: Option<usize>,
-    selection: Selection,
-    ws: &mut Workspace,
-    out: &mut PairList,
-) {
-    let mut candidates = PairList::default();
-    let wide = match selection {
-        Selection::Nearest(k) => Selection::Nearest(k.saturating_add(REFINE_EXTRA)),
-        // The folded distance of a pair right at the radius can land just outside it.
-        Selection::Within(radius) => Selection::Within(radius * (1.0 + 1e-3) + 1e-9),
-    };
-    probe_row(s, index, row, left_row, skip, wide, ws, &mut candidates);
-    let mut pairs: Vec<(f64, u32)> = candidates
-        .right
-        .iter()
-        .map(|&j| (row_distance(s, row, right.row(j as usize)), j))
-        .collect();
-    match selection {
-        Selection::Nearest(k) => {
-            pairs.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            pairs.truncate(k);
-        }
-        Selection::Within(radius) => pairs.retain(|&(d, _)| within(S::SIMILARITY, d, radius)),
-    }
-    for (d, j) in pairs {
-        out.push(left_row, j, d);
-    }
-}
-
 /// Per-thread scratch, reused across rows.
 struct Workspace {
     folded: FoldedScratch,
     chebyshev: ChebyshevScratch,
+    certified: CertifiedScratch,
     topk: TopK,
 }
 
@@ -151,12 +120,14 @@ impl Workspace {
             return Workspace {
                 folded: FoldedScratch::default(),
                 chebyshev: ChebyshevScratch::new(index),
+                certified: CertifiedScratch::default(),
                 topk: TopK::default(),
             };
         }
         Workspace {
             folded: FoldedScratch::new(index.rows, S::TWO_ACCUMULATORS),
             chebyshev: ChebyshevScratch::default(),
+            certified: CertifiedScratch::default(),
             topk: TopK::default(),
         }
     }

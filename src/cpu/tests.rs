@@ -300,3 +300,55 @@ fn distance_never_decreases_with_the_filter_value() {
         });
     }
 }
+
+/// A cancelled probe stops between tasks: rows after the cancellation are never probed, and the
+/// probe reports an error instead of partial pairs.
+#[test]
+fn a_cancelled_probe_stops_early() {
+    use crate::join::{Cancel, JoinIndex};
+    let mut rng = StdRng::seed_from_u64(11);
+    let right = batch(&rows(&mut rng, 3000, false));
+    let left_rows = rows(&mut rng, 60_000, false);
+    let left = batch(&left_rows);
+    let metric = Metric::from_kind(MetricKind::Minkowski, Some(2.5), None).unwrap();
+    let index = CpuIndex::build(&right, &metric);
+
+    let cancelled = Cancel::new();
+    cancelled.cancel();
+    let e = index
+        .probe_cancellable(
+            &left,
+            Selection::Nearest(5),
+            ProbeOptions::default(),
+            &cancelled,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("cancelled"), "{e}");
+    assert_eq!(cancelled.rows_probed(), 0);
+
+    // Cancelled once some rows are done: the rest are skipped.
+    let cancel = Cancel::new();
+    let watcher = {
+        let cancel = cancel.clone();
+        std::thread::spawn(move || {
+            while cancel.rows_probed() < 200 {
+                std::thread::yield_now();
+            }
+            cancel.cancel();
+        })
+    };
+    let result = index.probe_cancellable(
+        &left,
+        Selection::Nearest(5),
+        ProbeOptions::default(),
+        &cancel,
+    );
+    watcher.join().unwrap();
+    assert!(result.is_err());
+    let done = cancel.rows_probed();
+    assert!(
+        done < left.len() as u64 / 2,
+        "{done} of {} rows probed after the cancellation",
+        left.len()
+    );
+}

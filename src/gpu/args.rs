@@ -65,9 +65,15 @@ kernel_args! {
         /// Right row skipped for left row `r`: `self_first + r`, or NO_SELF.
         self_first: i64 = "long long",
         valid_bits: DevPtr = "const u32*",
-        /// Right totals, in the metric's accumulator type.
-        rt0: DevPtr = "const void*",
-        rt1: DevPtr = "const void*",
+        /// Right totals (float64).
+        rt0: DevPtr = "const double*",
+        rt1: DevPtr = "const double*",
+        /// The smallest and largest |y| of the part's nonzeros: they bound the pair terms, which
+        /// sets each left row's fixed-point scale.
+        y_min: f64 = "double",
+        y_max: f64 = "double",
+        /// Set when a pair term exceeds its bound (the sums would be wrong).
+        overflow: DevPtr = "u32*",
         col_mode: i32 = "int",
         ncols: i32 = "int",
         col_ids: DevPtr = "const int*",
@@ -81,7 +87,7 @@ kernel_args! {
         k: i32 = "int",
         cap: i32 = "int",
         out_rows: DevPtr = "u32*",
-        out_keys: DevPtr = "float*",
+        out_dist: DevPtr = "double*",
         out_count: DevPtr = "int*",
         radius: f64 = "double",
         r_left: DevPtr = "u32*",
@@ -93,8 +99,8 @@ kernel_args! {
 }
 
 kernel_args! {
-    /// The max-reduction kernels (`maxred_knn`, `maxred_radius`).
-    MaxArgs {
+    /// The union kernels (`union_knn`, `union_radius`).
+    UnionArgs {
         work: DevPtr = "const int*",
         nwork: i32 = "int",
         n_right: i32 = "int",
@@ -115,7 +121,7 @@ kernel_args! {
         k: i32 = "int",
         cap: i32 = "int",
         out_rows: DevPtr = "u32*",
-        out_keys: DevPtr = "float*",
+        out_dist: DevPtr = "double*",
         out_count: DevPtr = "int*",
         radius: f64 = "double",
         r_left: DevPtr = "u32*",

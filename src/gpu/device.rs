@@ -16,6 +16,11 @@ pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionErro
     move |e| exec_datafusion_err!("GPU: {what} failed: {e}")
 }
 
+/// Whether an error is the driver running out of device memory (a smaller chunk may fit).
+pub(crate) fn is_out_of_memory(e: &DataFusionError) -> bool {
+    e.to_string().contains("OUT_OF_MEMORY")
+}
+
 /// One GPU: its context, the stream every operation of this crate runs on, and its properties.
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,

@@ -2,8 +2,8 @@
 //!
 //! The right side is prepared once (see `prepare`): for the folded metrics an inverted index
 //! (CSC: column → row-sorted (row, value) list), the split point of every column at every tile
-//! boundary, the per-row totals and a validity bitmask; for max-reduced metrics the rows
-//! themselves (CSR, column-sorted). It stays on the device while left batches stream through; a
+//! boundary, the per-row totals and a validity bitmask; for union metrics (chebyshev, minkowski)
+//! the rows themselves (CSR, column-sorted). It stays on the device while left batches stream through; a
 //! left batch goes up as the Arrow buffers' own slices (the list offsets are the CSR row
 //! pointer). When the right side does not fit the memory budget it is cut into parts by rows
 //! that are uploaded one at a time per probe, and the parts' results are merged by the join core.
@@ -14,13 +14,13 @@ use cudarc::driver::CudaSlice;
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 use rayon::prelude::*;
 
-use super::device::{cuda_err, Device};
+use super::device::{cuda_err, is_out_of_memory, Device};
 use super::kernels::MetricProgram;
 use super::launch::{folded_fixed_smem, PartLaunch};
 use super::memory::upload;
 use super::prepare::{estimate_bytes, prepare_part, upload_part, ColumnMap, DevPart, HostPart};
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
-use crate::join::{merge_nearest, merge_within, PairList, ProbeOptions, Selection, TopK};
+use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{RowTotals, Semiring};
 use crate::vector::SparseBatch;
 
@@ -75,12 +75,24 @@ impl GpuIndex {
     ) -> Result<Self> {
         let program = MetricProgram::of(s);
         let rows = right.len();
-        if rows >= u32::MAX as usize || right.nnz() >= u32::MAX as usize {
+        // The kernels count right rows in `int` (and pack them in 32 bits of a key) and address
+        // the inverted index with u32 positions.
+        if rows > i32::MAX as usize || right.nnz() > u32::MAX as usize {
             return exec_err!(
-                "GPU: the right side is too large ({rows} rows, {} entries); use device=cpu",
-                right.nnz()
+                "GPU: the right side is too large ({rows} rows, {} entries; the kernels take at \
+                 most {} rows and {} entries); use device=cpu",
+                right.nnz(),
+                i32::MAX,
+                u32::MAX
             );
         }
+        // Builds on one device take turns from here to the upload, so each one's budget is read
+        // after the indexes built before it hold their memory: the driver's free memory is the
+        // process's one ledger (probes take turns too, so their scratch never overlaps).
+        let build_turn = device
+            .lock
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
         let (free, _) = device.memory()?;
         // Leave room for the context and other users of the device when no limit is given.
         let budget = options.memory_limit.unwrap_or(free / 10 * 8);
@@ -103,7 +115,7 @@ impl GpuIndex {
             ColumnMap::Sorted(ids)
         };
 
-        let tile_rows = if program.max_reduction {
+        let tile_rows = if program.union_form {
             0
         } else {
             // Four blocks per SM: measured on an H200 (full self-joins, k=10), a quarter of the
@@ -155,7 +167,7 @@ impl GpuIndex {
             start = end;
         }
         let started = std::time::Instant::now();
-        let totals: Vec<RowTotals> = if program.max_reduction {
+        let totals: Vec<RowTotals> = if program.union_form {
             Vec::new()
         } else {
             (0..rows)
@@ -175,10 +187,7 @@ impl GpuIndex {
             .collect();
 
         let mut stats = GpuStats::default();
-        let _guard = device
-            .lock
-            .lock()
-            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        let _guard = build_turn;
         device
             .ctx
             .bind_to_thread()
@@ -251,7 +260,7 @@ impl GpuIndex {
         selection: Selection,
         options: ProbeOptions,
     ) -> Result<PairList> {
-        self.probe_counted(left, selection, options)
+        self.probe_counted(left, selection, options, &Cancel::new())
             .map(|(pairs, _)| pairs)
     }
 
@@ -262,12 +271,14 @@ impl GpuIndex {
         })
     }
 
-    /// [`GpuIndex::probe`], with this probe's own counters.
+    /// [`GpuIndex::probe`], with this probe's own counters; gives up between launches once
+    /// `cancel` is set.
     pub fn probe_counted(
         &self,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        cancel: &Cancel,
     ) -> Result<(PairList, GpuStats)> {
         if selection == Selection::Nearest(0) || left.is_empty() || self.rows == 0 {
             return Ok((PairList::default(), GpuStats::default()));
@@ -288,9 +299,16 @@ impl GpuIndex {
         let mut probe_stats = GpuStats::default();
         let result = match selection {
             Selection::Nearest(k) if k > MAX_DEVICE_K => {
-                self.probe_large_k(&mut inner, left, k, options, &mut probe_stats)
+                self.probe_large_k(&mut inner, left, k, options, cancel, &mut probe_stats)
             }
-            _ => self.probe_locked(&mut inner, left, selection, options, &mut probe_stats),
+            _ => self.probe_locked(
+                &mut inner,
+                left,
+                selection,
+                options,
+                cancel,
+                &mut probe_stats,
+            ),
         };
         inner.stats.bytes_to_device += probe_stats.bytes_to_device;
         inner.stats.kernel_nanos += probe_stats.kernel_nanos;
@@ -308,6 +326,7 @@ impl GpuIndex {
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        cancel: &Cancel,
         stats: &mut GpuStats,
     ) -> Result<PairList> {
         let device = &*self.device;
@@ -348,12 +367,20 @@ impl GpuIndex {
             // Shrinks when a radius chunk finds more pairs than the budget can hold.
             let mut max_rows = usize::MAX;
             while r0 < left.len() {
+                cancel.check()?;
                 let r1 = self
                     .chunk_end(left, r0, selection, work_budget)
                     .min(r0 + max_rows);
-                match launch.run(left, r0, r1, selection, options, stats)? {
+                let ran = match launch.run(left, r0, r1, selection, options, stats) {
+                    // Another operator's index took the memory this chunk's estimate counted on:
+                    // shrink the chunk and retry, as when the estimate itself is over budget.
+                    Err(e) if is_out_of_memory(&e) && r1 - r0 > 1 => None,
+                    other => other?,
+                };
+                match ran {
                     Some(chunk) => {
                         out.append(chunk);
+                        cancel.add_rows(r1 - r0);
                         r0 = r1;
                     }
                     None => max_rows = ((r1 - r0) / 2).max(1),
@@ -404,6 +431,7 @@ impl GpuIndex {
         left: &SparseBatch,
         k: usize,
         options: ProbeOptions,
+        cancel: &Cancel,
         stats: &mut GpuStats,
     ) -> Result<PairList> {
         let everything = if self.program.similarity {
@@ -424,6 +452,7 @@ impl GpuIndex {
                 &left.slice(r0, r1 - r0),
                 Selection::Within(everything),
                 options.shifted(r0),
+                cancel,
                 stats,
             )?;
             let mut i = 0;

@@ -5,17 +5,17 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use datafusion::common::{exec_datafusion_err, Result};
 
-use super::args::{FoldedArgs, MaxArgs};
+use super::args::{FoldedArgs, UnionArgs};
 use crate::metric::cuda::cuda_definition;
-use crate::metric::{Params, Reduction, Semiring};
+use crate::metric::{Params, Semiring};
 
 const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
 const KERNELS: &str = include_str!("../../kernels/knn.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
 pub(crate) const FOLDED_THREADS: u32 = 512;
-/// Threads per block of the max-reduction kernels.
-pub(crate) const MAX_THREADS: u32 = 256;
+/// Threads per block of the union kernels.
+pub(crate) const UNION_THREADS: u32 = 256;
 
 /// What the GPU backend needs of a metric: its module source and the facts that size buffers.
 #[derive(Debug, Clone)]
@@ -24,9 +24,9 @@ pub struct MetricProgram {
     /// The whole translation unit NVRTC compiles (also the module cache key).
     pub source: String,
     pub params: Params,
-    pub max_reduction: bool,
+    /// Runs the union kernels (the metric has an exact union term), not the folded ones.
+    pub union_form: bool,
     pub similarity: bool,
-    pub acc_f64: bool,
     pub two_accumulators: bool,
 }
 
@@ -36,25 +36,24 @@ impl MetricProgram {
             name: S::NAME,
             source: module_source::<S>(),
             params: s.params(),
-            max_reduction: S::REDUCTION == Reduction::Max,
+            union_form: s.has_exact_term(),
             similarity: S::SIMILARITY,
-            acc_f64: S::GPU_ACC_F64,
             two_accumulators: S::TWO_ACCUMULATORS,
         }
     }
 
     /// The entry points of this module.
     pub fn kernel_names(&self) -> [&'static str; 2] {
-        if self.max_reduction {
-            ["maxred_knn", "maxred_radius"]
+        if self.union_form {
+            ["union_knn", "union_radius"]
         } else {
             ["folded_knn", "folded_radius"]
         }
     }
 
-    /// Accumulator bytes per right row of a tile.
+    /// Accumulator bytes per right row of a tile (64-bit fixed point, see kernels/knn.cu).
     pub(crate) fn acc_bytes(&self) -> usize {
-        (if self.acc_f64 { 8 } else { 4 }) * (if self.two_accumulators { 2 } else { 1 })
+        8 * (if self.two_accumulators { 2 } else { 1 })
     }
 }
 
@@ -63,7 +62,7 @@ pub fn module_source<S: Semiring>() -> String {
     format!(
         "{PRELUDE}\n{}\n{}\n{}\n{KERNELS}",
         FoldedArgs::cuda_declaration(),
-        MaxArgs::cuda_declaration(),
+        UnionArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }

@@ -3,13 +3,13 @@
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
-use datafusion::common::Result;
+use datafusion::common::{exec_err, Result};
 
-use super::args::{FoldedArgs, MaxArgs};
+use super::args::{FoldedArgs, UnionArgs};
 use super::device::{cuda_err, Device};
-use super::kernels::{MetricProgram, FOLDED_THREADS, MAX_THREADS};
+use super::kernels::{MetricProgram, FOLDED_THREADS, UNION_THREADS};
 use super::memory::{addr, download, upload, zeros};
-use super::prepare::{max_left_rows, ColumnMap, DevPart};
+use super::prepare::{union_left_rows, ColumnMap, DevPart};
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
 use crate::vector::SparseBatch;
@@ -22,9 +22,10 @@ pub(crate) fn cap_for(k: usize, threads: u32) -> usize {
     (k + threads as usize).next_power_of_two()
 }
 
-/// Bytes of shared memory the folded kernels use beside the accumulators.
+/// Bytes of shared memory the folded kernels use beside the accumulators: the top-k candidates
+/// (a 64-bit key and a 32-bit row each) and the per-thread segment scratch.
 pub(crate) fn folded_fixed_smem(k: usize) -> usize {
-    cap_for(k, FOLDED_THREADS) * 8 + FOLDED_THREADS as usize * 12
+    cap_for(k, FOLDED_THREADS) * 12 + FOLDED_THREADS as usize * 12
 }
 
 /// Everything a launch needs that does not change from chunk to chunk of one part.
@@ -74,8 +75,8 @@ impl PartLaunch<'_> {
         let off = &left.offsets()[r0..=r1];
         let (e0, e1) = (off[0] as usize, off[r1 - r0] as usize);
         let prm = program.params;
-        let threads = if program.max_reduction {
-            MAX_THREADS
+        let threads = if program.union_form {
+            UNION_THREADS
         } else {
             FOLDED_THREADS
         };
@@ -90,11 +91,11 @@ impl PartLaunch<'_> {
         let needed = nwork as u64 * 4
             + (off.len() as u64 + 2 * entries) * 4
             + if knn {
-                nwork as u64 * (k as u64 * 8 + 4)
+                nwork as u64 * (k as u64 * 12 + 4)
             } else {
                 64 * 16 + 8
             }
-            + if program.max_reduction {
+            + if program.union_form {
                 entries * 8 + (nwork as u64 + 1) * 4 + ncols_dense * 4
             } else {
                 0
@@ -105,10 +106,11 @@ impl PartLaunch<'_> {
         let d_work = upload(device, &work, stats)?;
         bytes += nwork as u64 * 4;
         let out_rows = zeros::<u32>(device, if knn { nwork * k } else { 1 })?;
-        let out_keys = zeros::<f32>(device, if knn { nwork * k } else { 1 })?;
+        let out_dist = zeros::<f64>(device, if knn { nwork * k } else { 1 })?;
         let out_count = zeros::<i32>(device, if knn { nwork } else { 1 })?;
+        let overflow = zeros::<u32>(device, 1)?;
         if knn {
-            bytes += nwork as u64 * (k as u64 * 8 + 4);
+            bytes += nwork as u64 * (k as u64 * 12 + 4);
         }
         // Radius: a pair list filled through an atomic counter; rerun with the exact size if full.
         let mut r_cap: u64 = if knn {
@@ -123,12 +125,12 @@ impl PartLaunch<'_> {
         let d_idx = upload(device, &left.indices()[e0..e1], stats)?;
         let d_val = upload(device, &left.values()[e0..e1], stats)?;
         bytes += (off.len() + 2 * (e1 - e0)) as u64 * 4;
-        // The max-reduction kernels' own inputs: the left rows sorted by |x|, and a dense slot
-        // over the right side's columns per block.
-        let mut max_bufs = None;
+        // The union kernels' own inputs: the left rows sorted by |x|, and a dense slot over the
+        // right side's columns per block.
+        let mut union_bufs = None;
         let mut dense_slots = 0;
-        if program.max_reduction {
-            let (ch_off, ch_col, ch_val) = max_left_rows(self.columns, left, r0, &work);
+        if program.union_form {
+            let (ch_off, ch_col, ch_val) = union_left_rows(self.columns, left, r0, &work);
             let ncols = self.columns.len().max(1);
             let radius_bytes = if knn { 0 } else { r_cap * 16 + 8 };
             let room = self.budget.saturating_sub(held + needed + radius_bytes) + ncols as u64 * 4;
@@ -137,7 +139,7 @@ impl PartLaunch<'_> {
                 .min(nwork);
             let dense = zeros::<f32>(device, dense_slots * ncols)?;
             bytes += (dense_slots * ncols * 4 + ch_off.len() * 4 + ch_col.len() * 8) as u64;
-            max_bufs = Some((
+            union_bufs = Some((
                 upload(device, &ch_off, stats)?,
                 upload(device, &ch_col, stats)?,
                 upload(device, &ch_val, stats)?,
@@ -168,10 +170,10 @@ impl PartLaunch<'_> {
                 .stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(cuda_err("recording an event"))?;
-            if let Some((ch_off, ch_col, ch_val, dense)) = &max_bufs {
-                let smem = (if knn { cap * 8 } else { 0 } + MAX_THREADS as usize * 8) as u32;
+            if let Some((ch_off, ch_col, ch_val, dense)) = &union_bufs {
+                let smem = (if knn { cap * 12 } else { 0 } + UNION_THREADS as usize * 8) as u32;
                 let f = device.function(program, name, smem)?;
-                let args = MaxArgs {
+                let args = UnionArgs {
                     work: addr(device, &d_work),
                     nwork: nwork as i32,
                     n_right: self.part_rows as i32,
@@ -190,7 +192,7 @@ impl PartLaunch<'_> {
                     k: k as i32,
                     cap: cap as i32,
                     out_rows: addr(device, &out_rows),
-                    out_keys: addr(device, &out_keys),
+                    out_dist: addr(device, &out_dist),
                     out_count: addr(device, &out_count),
                     radius,
                     r_left: addr(device, &r_left),
@@ -201,20 +203,20 @@ impl PartLaunch<'_> {
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (dense_slots as u32, 1, 1),
-                    block_dim: (MAX_THREADS, 1, 1),
+                    block_dim: (UNION_THREADS, 1, 1),
                     shared_mem_bytes: smem,
                 };
                 let mut b = device.stream.launch_builder(&f);
                 b.arg(&args);
-                // SAFETY: `MaxArgs` is the kernel's one parameter (its CUDA declaration is
+                // SAFETY: `UnionArgs` is the kernel's one parameter (its CUDA declaration is
                 // generated from the Rust struct, with offsets checked); every buffer is as long
                 // as the kernel indexes it (dense holds dense_slots × ncols, the grid), and all
                 // of them outlive the launch (the event below is waited on before they drop).
-                unsafe { b.launch(cfg) }.map_err(cuda_err("launching the max-reduction kernel"))?;
+                unsafe { b.launch(cfg) }.map_err(cuda_err("launching the union kernel"))?;
             } else {
                 let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * program.acc_bytes()
-                    + if knn { cap * 8 } else { 0 }
+                    + if knn { cap * 12 } else { 0 }
                     + FOLDED_THREADS as usize * 12) as u32;
                 let f = device.function(program, name, smem)?;
                 if log::log_enabled!(log::Level::Debug) {
@@ -239,6 +241,9 @@ impl PartLaunch<'_> {
                     valid_bits: addr(device, &self.part.valid_bits),
                     rt0: addr(device, &self.part.rt0),
                     rt1: addr(device, &self.part.rt1),
+                    y_min: self.part.y_min,
+                    y_max: self.part.y_max,
+                    overflow: addr(device, &overflow),
                     col_mode: matches!(self.columns, ColumnMap::Sorted(_)) as i32,
                     ncols: self.columns.len() as i32,
                     col_ids: addr(device, col_ids),
@@ -252,7 +257,7 @@ impl PartLaunch<'_> {
                     k: k as i32,
                     cap: cap as i32,
                     out_rows: addr(device, &out_rows),
-                    out_keys: addr(device, &out_keys),
+                    out_dist: addr(device, &out_dist),
                     out_count: addr(device, &out_count),
                     radius,
                     r_left: addr(device, &r_left),
@@ -284,17 +289,24 @@ impl PartLaunch<'_> {
                 .map_err(cuda_err("timing the kernel"))?;
             stats.kernel_nanos += (ms as f64 * 1e6) as u64;
 
+            if !program.union_form && download(device, &overflow, 1)?[0] != 0 {
+                return exec_err!(
+                    "GPU: a pair term of metric {} exceeded the bound its fixed-point sums were \
+                     scaled for (the definition's terms must be monotone in |y|)",
+                    program.name
+                );
+            }
             if knn {
                 let counts = download(device, &out_count, nwork)?;
                 let rows = download(device, &out_rows, nwork * k)?;
-                let keys = download(device, &out_keys, nwork * k)?;
+                let dists = download(device, &out_dist, nwork * k)?;
                 for (w, &n) in counts.iter().enumerate() {
                     let lrow = (r0 + work[w] as usize) as u32;
                     for i in 0..n as usize {
                         pairs.push(
                             lrow,
                             self.first_row as u32 + rows[w * k + i],
-                            keys[w * k + i] as f64,
+                            dists[w * k + i],
                         );
                     }
                 }

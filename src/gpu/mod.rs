@@ -27,13 +27,27 @@ use datafusion::common::Result;
 pub use index::GpuIndex;
 pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
-use crate::join::{Backend, JoinIndex, ProbeOptions, Probed, Selection};
+use crate::join::{Backend, Cancel, JoinIndex, ProbeOptions, Probed, Selection};
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
 
 /// Whether a CUDA driver and at least one device can be used.
 pub fn is_available() -> bool {
     device::device(0).is_ok()
+}
+
+/// Why `device=auto` does not run on the GPU (no driver, no device, no NVRTC to compile the
+/// kernels), or None when it does.
+pub fn auto_fallback_reason() -> Option<String> {
+    if let Err(e) = device::device(0) {
+        return Some(e.to_string());
+    }
+    if !kernels::nvrtc_available() {
+        return Some(
+            "NVRTC (libnvrtc.so) cannot be loaded, so the kernels cannot be compiled".into(),
+        );
+    }
+    None
 }
 
 /// A one-line description of the device that `GpuIndex::build` uses (for EXPLAIN and the CLI),
@@ -80,13 +94,14 @@ impl Backend for GpuBackend {
 }
 
 impl JoinIndex for GpuIndex {
-    fn probe(
+    fn probe_cancellable(
         &self,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        cancel: &Cancel,
     ) -> Result<Probed> {
-        let (pairs, stats) = self.probe_counted(left, selection, options)?;
+        let (pairs, stats) = self.probe_counted(left, selection, options, cancel)?;
         Ok(Probed {
             pairs,
             compute_time: Duration::from_nanos(stats.kernel_nanos),

@@ -1,5 +1,5 @@
 //! The right side prepared on the host for the device (an inverted index cut in tiles, or rows
-//! for the max-reduction kernels), and the left rows as the max-reduction kernels want them.
+//! for the union kernels), and the left rows as the union kernels want them.
 
 use cudarc::driver::CudaSlice;
 use datafusion::common::Result;
@@ -43,9 +43,11 @@ pub(crate) struct HostPart {
     pub(crate) first_row: usize,
     pub(crate) rows: usize,
     pub(crate) valid_bits: Vec<u32>,
-    /// Folded metrics: totals as f32 or f64 bytes (the kernel's accumulator type).
-    pub(crate) rt0: Vec<u8>,
-    pub(crate) rt1: Vec<u8>,
+    /// Folded metrics: the right rows' totals, and the range of |y| over the part's nonzeros.
+    pub(crate) rt0: Vec<f64>,
+    pub(crate) rt1: Vec<f64>,
+    pub(crate) y_min: f64,
+    pub(crate) y_max: f64,
     pub(crate) ntiles: usize,
     pub(crate) tile_ptr: Vec<u32>,
     pub(crate) col_rows: Vec<u32>,
@@ -59,8 +61,8 @@ pub(crate) struct HostPart {
 impl HostPart {
     pub(crate) fn device_bytes(&self) -> u64 {
         (self.valid_bits.len() * 4
-            + self.rt0.len()
-            + self.rt1.len()
+            + self.rt0.len() * 8
+            + self.rt1.len() * 8
             + self.tile_ptr.len() * 4
             + self.col_rows.len() * 4
             + self.col_vals.len() * 4
@@ -73,14 +75,16 @@ impl HostPart {
 /// A part's buffers on the device.
 pub(crate) struct DevPart {
     pub(crate) valid_bits: CudaSlice<u32>,
-    pub(crate) rt0: CudaSlice<u8>,
-    pub(crate) rt1: CudaSlice<u8>,
+    pub(crate) rt0: CudaSlice<f64>,
+    pub(crate) rt1: CudaSlice<f64>,
     pub(crate) tile_ptr: CudaSlice<u32>,
     pub(crate) col_rows: CudaSlice<u32>,
     pub(crate) col_vals: CudaSlice<f32>,
     pub(crate) r_ptr: CudaSlice<u32>,
     pub(crate) r_col: CudaSlice<i32>,
     pub(crate) r_val: CudaSlice<f32>,
+    pub(crate) y_min: f64,
+    pub(crate) y_max: f64,
     pub(crate) bytes: u64,
 }
 
@@ -95,7 +99,7 @@ pub(crate) fn estimate_bytes(
 ) -> u64 {
     let rows = (end - start) as u64;
     let nnz = (right.offsets()[end] - right.offsets()[start]) as u64;
-    if program.max_reduction {
+    if program.union_form {
         rows * 4 + nnz * 8 + rows / 8 + 64
     } else {
         let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
@@ -118,7 +122,7 @@ fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
 }
 
 /// Rows `start..end` of the right side, as the kernels of `program` read them; `totals` are the
-/// definition's totals of every right row (unused by max-reduction metrics).
+/// definition's totals of every right row (unused by union metrics).
 pub(crate) fn prepare_part(
     right: &SparseBatch,
     totals: &[RowTotals],
@@ -135,7 +139,7 @@ pub(crate) fn prepare_part(
         valid_bits: valid_bits(right, start, end),
         ..Default::default()
     };
-    if program.max_reduction {
+    if program.union_form {
         part.r_ptr.reserve(rows + 1);
         part.r_ptr.push(0);
         for r in start..end {
@@ -160,17 +164,19 @@ pub(crate) fn prepare_part(
         }
         return part;
     }
-    // Totals in the kernel's accumulator type.
-    let f64_acc = program.acc_f64;
-    for t in &totals[start..end] {
-        if f64_acc {
-            part.rt0.extend_from_slice(&t.t0.to_ne_bytes());
-            part.rt1.extend_from_slice(&t.t1.to_ne_bytes());
-        } else {
-            part.rt0.extend_from_slice(&(t.t0 as f32).to_ne_bytes());
-            part.rt1.extend_from_slice(&(t.t1 as f32).to_ne_bytes());
-        }
-    }
+    part.rt0 = totals[start..end].iter().map(|t| t.t0).collect();
+    part.rt1 = totals[start..end].iter().map(|t| t.t1).collect();
+    let (o0, o1) = (
+        right.offsets()[start] as usize,
+        right.offsets()[end] as usize,
+    );
+    let (y_min, y_max) = right.values()[o0..o1]
+        .par_iter()
+        .filter(|v| **v != 0.0)
+        .map(|v| (v.abs() as f64, v.abs() as f64))
+        .reduce(|| (f64::INFINITY, 0.0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+    part.y_min = if y_min.is_finite() { y_min } else { 0.0 };
+    part.y_max = y_max;
     // CSC over the part's rows, row-sorted within each column, built in parallel: each chunk of
     // rows counts its entries per column, the counts give every (column, chunk) its own output
     // range in row order, and the chunks fill their ranges at once.
@@ -273,13 +279,15 @@ pub(crate) fn upload_part(
         r_ptr: upload(device, &host.r_ptr, stats)?,
         r_col: upload(device, &host.r_col, stats)?,
         r_val: upload(device, &host.r_val, stats)?,
+        y_min: host.y_min,
+        y_max: host.y_max,
         bytes: host.device_bytes(),
     })
 }
 
-/// The max-reduction kernels' left rows: per work row its nonzeros as (column id or -1, x),
+/// The union kernels' left rows: per work row its nonzeros as (column id or -1, x),
 /// largest |x| first (the kernel takes the first one a right row lacks).
-pub(crate) fn max_left_rows(
+pub(crate) fn union_left_rows(
     columns: &ColumnMap,
     left: &SparseBatch,
     r0: usize,

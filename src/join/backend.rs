@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use datafusion::common::Result;
 
+use super::cancel::Cancel;
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use crate::metric::Metric;
@@ -28,6 +29,17 @@ pub trait JoinIndex: Send + Sync {
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+    ) -> Result<Probed> {
+        self.probe_cancellable(left, selection, options, &Cancel::new())
+    }
+
+    /// [`JoinIndex::probe`], giving up with an error soon after `cancel` is set.
+    fn probe_cancellable(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
     ) -> Result<Probed>;
 
     /// Host memory held by the index while it lives, including per-thread probe workspace.

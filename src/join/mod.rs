@@ -4,12 +4,16 @@
 //! talk to a backend. `src/cpu` and `src/gpu` both build on this module and never on each other.
 
 mod backend;
+mod cancel;
+mod exclusion;
 mod merge;
 mod pairs;
 mod selection;
 mod topk;
 
 pub use backend::{Backend, JoinIndex, Probed};
+pub use cancel::{Cancel, CancelOnDrop};
+pub use exclusion::KeyGroups;
 pub use merge::{merge_nearest, merge_within};
 pub use pairs::PairList;
 pub use selection::{within, ProbeOptions, Selection};

@@ -1,9 +1,8 @@
 //! Every metric of the SPEC, each defined once (see [`crate::semiring!`]); the CPU backend runs
 //! these functions and the GPU backend compiles the CUDA generated from the same text.
 //!
-//! Accumulators: `gpu_accumulator: f64` where the folded sum cancels (|x−y| − |x| − |y| and
-//! friends cancel for near neighbours, and the SPEC wants 1e-4 relative to the distance); f32
-//! where it does not (products, counts). The CPU accumulates in f64 throughout.
+//! The CPU accumulates in f64; the GPU in 64-bit fixed point (exact, order-independent sums of
+//! rounded terms); both finish in f64.
 
 use crate::semiring;
 
@@ -14,7 +13,6 @@ semiring! {
     similarity: true;
     key: KeyForm::Negated;
     pair_vanishes: true;
-    gpu_accumulator: f32;
     total(x, prm) = [0.0, 0.0];
     pair(x, y, prm) = { [x * y, 0.0] };
     finish(acc0, acc1, l, r, prm) = { acc0 };
@@ -27,7 +25,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Quotient;
     pair_vanishes: true;
-    gpu_accumulator: f32;
     total(x, prm) = [x * x, 0.0];
     pair(x, y, prm) = { [x * y, 0.0] };
     finish(acc0, acc1, l, r, prm) = {
@@ -42,7 +39,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: true;
-    gpu_accumulator: f32;
     total(x, prm) = [x * x, 0.0];
     pair(x, y, prm) = { [-2.0 * x * y, 0.0] };
     finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) };
@@ -55,7 +51,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: true;
-    gpu_accumulator: f32;
     total(x, prm) = [x * x, 0.0];
     pair(x, y, prm) = { [-2.0 * x * y, 0.0] };
     finish(acc0, acc1, l, r, prm) = { sqrt(fmax(l.t0 + r.t0 + acc0, 0.0)) };
@@ -68,7 +63,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: true;
-    gpu_accumulator: f64;
     total(x, prm) = [fabs(x), 0.0];
     pair(x, y, prm) = { [fabs(x - y) - fabs(x) - fabs(y), 0.0] };
     finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) };
@@ -76,13 +70,13 @@ semiring! {
 
 semiring! {
     /// (Σ|x − y|ᵖ)^(1/p). The folded form cancels for large, nearly equal values, so the exact
-    /// term over the union is given too (row-by-row distances and candidate refinement use it).
+    /// term over the union is given too: the GPU sums it over the union, the CPU uses the folded
+    /// form only to bound which rows can be nearest (src/cpu/certified.rs).
     pub struct Minkowski = "minkowski";
     reduction: Sum;
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: false;
-    gpu_accumulator: f64;
     total(x, prm) = [pow(fabs(x), prm.p), 0.0];
     pair(x, y, prm) = {
         [pow(fabs(x - y), prm.p) - pow(fabs(x), prm.p) - pow(fabs(y), prm.p), 0.0]
@@ -100,7 +94,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Exact;
     pair_vanishes: false;
-    gpu_accumulator: f32;
     total(x, prm) = [0.0, 0.0];
     pair(x, y, prm) = { [fabs(x - y), 0.0] };
     finish(acc0, acc1, l, r, prm) = { acc0 };
@@ -114,7 +107,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: false;
-    gpu_accumulator: f64;
     total(x, prm) = [1.0, 0.0];
     pair(x, y, prm) = { [fabs(x - y) / (fabs(x) + fabs(y)) - 2.0, 0.0] };
     finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) };
@@ -127,7 +119,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Exact;
     pair_vanishes: true;
-    gpu_accumulator: f64;
     total(x, prm) = [fabs(x), 0.0];
     pair(x, y, prm) = {
         let base = fabs(x) + fabs(y);
@@ -147,7 +138,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: false;
-    gpu_accumulator: f32;
     total(x, prm) = [1.0, 0.0];
     pair(x, y, prm) = { [select(x != y, -1.0, -2.0), 0.0] };
     finish(acc0, acc1, l, r, prm) = { fmax(l.t0 + r.t0 + acc0, 0.0) / prm.d };
@@ -160,7 +150,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Exact;
     pair_vanishes: false;
-    gpu_accumulator: f32;
     total(x, prm) = [1.0, 0.0];
     pair(x, y, prm) = { [1.0, 0.0] };
     finish(acc0, acc1, l, r, prm) = {
@@ -176,7 +165,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Exact;
     pair_vanishes: false;
-    gpu_accumulator: f32;
     total(x, prm) = [1.0, 0.0];
     pair(x, y, prm) = { [1.0, 0.0] };
     finish(acc0, acc1, l, r, prm) = {
@@ -192,7 +180,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Negated;
     pair_vanishes: false;
-    gpu_accumulator: f32;
     total(x, prm) = [0.0, 0.0];
     pair(x, y, prm) = { [1.0, 0.0] };
     finish(acc0, acc1, l, r, prm) = { (prm.d - acc0) / prm.d };
@@ -206,7 +193,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Exact;
     pair_vanishes: true;
-    gpu_accumulator: f32;
     total(x, prm) = [x, x * x];
     pair(x, y, prm) = { [x * y, 0.0] };
     finish(acc0, acc1, l, r, prm) = {
@@ -222,37 +208,40 @@ semiring! {
 }
 
 semiring! {
-    /// (1/√2)·√Σ(√x − √y)², folded: Σx + Σy − 2Σ√(xy).
+    /// (1/√2)·√Σ(√x − √y)², folded: Σx + Σy − 2Σ√(xy). The square root makes the folded form's
+    /// rounding (relative to Σx + Σy) show near 0 on large counts, so the union term is given.
     pub struct Hellinger = "hellinger";
     reduction: Sum;
     similarity: false;
     key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: true;
-    gpu_accumulator: f64;
     total(x, prm) = [x, 0.0];
     pair(x, y, prm) = { [-2.0 * sqrt(x * y), 0.0] };
     finish(acc0, acc1, l, r, prm) = {
         sqrt(fmax(l.t0 + r.t0 + acc0, 0.0)) / SQRT_2
     };
+    exact_term(x, y, prm) = (sqrt(x) - sqrt(y)) * (sqrt(x) - sqrt(y));
 }
 
 semiring! {
     /// √((Σ x ln(x/m) + Σ y ln(y/m)) / 2), m = (x + y)/2; a column nonzero on one side only
-    /// contributes x·ln 2.
+    /// contributes x·ln 2. As for hellinger, the square root of a folded sum near 0 needs the
+    /// union term on large counts.
     pub struct JensenShannon = "jensenshannon";
     reduction: Sum;
     similarity: false;
-    key: KeyForm::Shifted { scale: LN_2 };
+    key: KeyForm::Shifted { scale: 1.0 };
     pair_vanishes: false;
-    gpu_accumulator: f64;
-    total(x, prm) = [x, 0.0];
+    total(x, prm) = [x * LN_2, 0.0];
     pair(x, y, prm) = {
         let m = 0.5 * (x + y);
         [x * log(x / m) + y * log(y / m) - (x + y) * LN_2, 0.0]
     };
     finish(acc0, acc1, l, r, prm) = {
-        sqrt(fmax(0.5 * ((l.t0 + r.t0) * LN_2 + acc0), 0.0))
+        sqrt(fmax(0.5 * (l.t0 + r.t0 + acc0), 0.0))
     };
+    exact_term(x, y, prm) = select(x > 0.0, x * log(2.0 * x / (x + y)), 0.0)
+        + select(y > 0.0, y * log(2.0 * y / (x + y)), 0.0);
 }
 
 semiring! {
@@ -263,7 +252,6 @@ semiring! {
     similarity: false;
     key: KeyForm::Exact;
     pair_vanishes: false;
-    gpu_accumulator: f32;
     total(x, prm) = [1.0, 0.0];
     pair(x, y, prm) = { [x * log(x / y), 1.0] };
     finish(acc0, acc1, l, r, prm) = { select(acc1 < l.t0, INF, acc0) };

@@ -21,7 +21,7 @@ fn reads(text: &str, what: &str) -> bool {
     })
 }
 
-/// The `MetricDef` struct (and `METRIC_REDUCTION_MAX`) for `S`, ready to be placed between the
+/// The `MetricDef` struct (and `METRIC_UNION`, `METRIC_REDUCTION_MAX`) for `S`, ready to be placed between the
 /// kernel prelude and the generic kernels.
 pub fn cuda_definition<S: Semiring>() -> String {
     let src = S::SOURCE;
@@ -34,6 +34,7 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let needs_rt0 = reads(&finish_text, &format!("{r}.t0"));
     let needs_rt1 = reads(&finish_text, &format!("{r}.t1"));
     let max = S::REDUCTION == Reduction::Max;
+    let union = src.exact_term.is_some();
     let term = match src.exact_term {
         Some(([ex, ey, eprm], text)) => format!(
             "    __device__ static double term(double {ex}, double {ey}, const Params& {eprm}) \
@@ -46,9 +47,9 @@ pub fn cuda_definition<S: Semiring>() -> String {
     };
     format!(
         "// Metric `{name}`, generated from its definition in src/metric (not written by hand).\n\
+         #define METRIC_UNION {union}\n\
          #define METRIC_REDUCTION_MAX {max}\n\
          struct MetricDef {{\n\
-         \x20   typedef {acc} Acc;\n\
          \x20   static constexpr bool TWO = {two};\n\
          \x20   static constexpr bool SIMILARITY = {sim};\n\
          \x20   static constexpr bool NEEDS_RT0 = {needs_rt0};\n\
@@ -64,8 +65,8 @@ pub fn cuda_definition<S: Semiring>() -> String {
          {term}\
          }};\n",
         name = S::NAME,
+        union = union as u8,
         max = max as u8,
-        acc = if S::GPU_ACC_F64 { "double" } else { "float" },
         two = S::TWO_ACCUMULATORS,
         sim = S::SIMILARITY,
         t0 = src.total[0],
@@ -92,7 +93,7 @@ mod tests {
     #[test]
     fn the_generated_text_is_the_definition() {
         let bc = cuda_definition::<BrayCurtis>();
-        assert!(bc.contains("typedef double Acc"), "{bc}");
+        assert!(bc.contains("METRIC_UNION 0"), "{bc}");
         assert!(bc.contains("TWO = true"), "{bc}");
         assert!(
             bc.contains("const double base = fabs(x) + fabs(y);"),
@@ -100,6 +101,7 @@ mod tests {
         );
         let cheb = cuda_definition::<Chebyshev>();
         assert!(cheb.contains("METRIC_REDUCTION_MAX 1"), "{cheb}");
+        assert!(cheb.contains("METRIC_UNION 1"), "{cheb}");
         assert!(
             cheb.contains("static double term(double x, double y"),
             "{cheb}"

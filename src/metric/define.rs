@@ -10,9 +10,14 @@
 //! - `finish(acc0, acc1, l, r)`: the distance from the accumulators and both rows' totals;
 //! - optionally `exact_term(x, y)`: the full term over the union, for metrics whose folded form
 //!   cancels badly (minkowski) and for max-reduced metrics (chebyshev), whose `finish` is then
-//!   applied to `Σ term` (or `max term`) with zero totals;
-//! - how the backends may select and skip: its [`KeyForm`], whether `pair(x, 0)` vanishes, the
-//!   GPU accumulator width, whether it is a similarity (nearest = largest).
+//!   applied to `Σ term` (or `max term`) with zero totals. Both backends compute such a metric
+//!   over the union of the two rows, never from the folded form alone;
+//! - how the backends may select and skip: its [`KeyForm`], whether `pair(x, 0)` vanishes,
+//!   whether it is a similarity (nearest = largest).
+//!
+//! The GPU accumulates pair terms in 64-bit fixed point scaled by a bound on the terms (see
+//! `kernels/knn.cu`): a definition's pair terms must be monotone in |y| for each sign of y, or
+//! reach their largest magnitude at y = ±x; the kernels flag a term beyond the bound.
 //!
 //! Formulas are written in the shared vocabulary of [`super::math`] (`fabs`, `sqrt`, `log`, `pow`,
 //! `select`, `clamp`, `folded`, `INF`, `LN_2`, ...), which is valid Rust and valid CUDA C alike.
@@ -111,8 +116,6 @@ pub trait Semiring: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// can be added without testing each value. Otherwise zeros are skipped: the pair assumes both
     /// sides nonzero (canberra, the set metrics, kl, js) or is costly (pow).
     const PAIR_VANISHES: bool;
-    /// The GPU accumulates in double (where the folded sum cancels) rather than float.
-    const GPU_ACC_F64: bool;
     /// `pair` feeds a second accumulator (its second term is not the literal 0).
     const TWO_ACCUMULATORS: bool;
     const SOURCE: Source;
@@ -192,7 +195,6 @@ macro_rules! semiring {
         similarity: $similarity:literal;
         key: $key:expr;
         pair_vanishes: $vanishes:literal;
-        gpu_accumulator: $acc:ident;
         total($tx:ident, $tprm:ident) = [$t0:expr, $t1:expr];
         pair($px:ident, $py:ident, $pprm:ident) = {
             $(let $plet:ident = $plet_e:expr;)* [$p0:expr, $p1:expr]
@@ -217,7 +219,6 @@ macro_rules! semiring {
                 $key
             };
             const PAIR_VANISHES: bool = $vanishes;
-            const GPU_ACC_F64: bool = $crate::semiring!(@f64 $acc);
             const TWO_ACCUMULATORS: bool =
                 !$crate::metric::define::is_zero_literal(stringify!($p1));
             const SOURCE: $crate::metric::Source = $crate::metric::Source {
@@ -282,8 +283,6 @@ macro_rules! semiring {
             }
         }
     };
-    (@f64 f32) => { false };
-    (@f64 f64) => { true };
     (@term) => { None };
     (@term $names:expr, $text:expr) => { Some(($names, $text)) };
     (@eval_term $x:ident, $y:ident, $prm:ident) => {{

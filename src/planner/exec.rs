@@ -31,11 +31,20 @@ use datafusion::physical_plan::{
 use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
+use super::logical::exclusion_column;
 use super::spec::{Device, JoinKind, JoinSpec, Layout};
 use crate::cpu::CpuBackend;
 use crate::gpu::{GpuBackend, GpuOptions};
-use crate::join::{Backend, JoinIndex, PairList, ProbeOptions, Probed};
+use crate::join::{
+    Backend, Cancel, CancelOnDrop, JoinIndex, KeyGroups, PairList, ProbeOptions, Probed,
+};
+use crate::options::{DeviceChoice, ExcludeSelf};
 use crate::vector::SparseBatch;
+
+/// Pairs one probe may produce at most: a left batch is probed in slices of rows whose pairs
+/// (k, or every right row for a radius join) stay below this, so a join that matches everything
+/// streams its output slice by slice instead of holding it all (2M pairs: 32 MB of pairs).
+const PAIRS_PER_PROBE: usize = 1 << 21;
 
 type SharedBuild =
     Shared<BoxFuture<'static, std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>>>;
@@ -83,7 +92,7 @@ impl SparseJoinExec {
             right_vector,
         )?;
         let schema = Arc::new(layout.output_schema(&left.schema(), &right.schema()));
-        let partitions = if spec.options.exclude_self {
+        let partitions = if spec.options.exclude_self == ExcludeSelf::Identity {
             1
         } else {
             left.output_partitioning().partition_count()
@@ -149,12 +158,21 @@ impl SparseJoinExec {
         )
     }
 
+    /// exclude_self=true with both children alike (the logical node gives both the same
+    /// columns): the right input is read once and probed against itself.
+    fn reads_input_once(&self) -> bool {
+        self.spec.options.exclude_self == ExcludeSelf::Identity
+            && self.left.schema() == self.right.schema()
+            && self.layout.left_vector == self.layout.right_vector
+    }
+
     fn shared_build(&self, context: &Arc<TaskContext>) -> SharedBuild {
         let mut slot = self.build.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(build) = slot.as_ref() {
             return build.clone();
         }
         let job = BuildJob {
+            keep_input: self.reads_input_once(),
             name: self.display_name(),
             spec: Arc::clone(&self.spec),
             device: self.device,
@@ -201,14 +219,28 @@ fn physical_layout(
 impl DisplayAs for SparseJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         match t {
-            DisplayFormatType::Default | DisplayFormatType::Verbose => {
+            DisplayFormatType::Default => write!(
+                f,
+                "{}: {}, device={}",
+                self.display_name(),
+                self.spec,
+                self.device
+            ),
+            DisplayFormatType::Verbose => {
                 write!(
                     f,
                     "{}: {}, device={}",
                     self.display_name(),
                     self.spec,
                     self.device
-                )
+                )?;
+                // Why device=auto chose the CPU.
+                if self.spec.options.device == DeviceChoice::Auto && self.device == Device::Cpu {
+                    if let Some(reason) = crate::gpu::auto_fallback_reason() {
+                        write!(f, " (auto: {reason})")?;
+                    }
+                }
+                Ok(())
             }
             DisplayFormatType::TreeRender => {
                 writeln!(f, "metric={}", self.spec.metric)?;
@@ -291,7 +323,7 @@ impl ExecutionPlan for SparseJoinExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         let left_partitions = self.left.output_partitioning().partition_count();
-        let exclude_self = self.spec.options.exclude_self;
+        let exclude_self = self.spec.options.exclude_self == ExcludeSelf::Identity;
         let parts: Vec<usize> = if exclude_self {
             if partition != 0 {
                 return internal_err!(
@@ -310,9 +342,28 @@ impl ExecutionPlan for SparseJoinExec {
         let left_stream = futures::stream::iter(parts)
             .map(move |p| left.execute(p, Arc::clone(&ctx)))
             .try_flatten();
+        // A self-join with exclude_self=true probes the right side's own rows, read once: two
+        // scans of one input need not give the same row order (a folder's files are listed
+        // concurrently), and positions are what identify a row.
+        let reuse_right = self.reads_input_once();
 
+        let left_key = match &self.spec.options.exclude_self {
+            ExcludeSelf::Column(c) => Some(key_column(&self.left.schema(), c, "left")?),
+            _ => None,
+        };
+        let reservation = Arc::new(
+            MemoryConsumer::new(format!("{}[probe {partition}]", self.display_name()))
+                .register(context.memory_pool()),
+        );
+        // Dropping the output stream (LIMIT satisfied, Ctrl-C, a failed sibling) stops the
+        // probes it started.
+        let cancel = Cancel::new();
+        let on_drop = CancelOnDrop(cancel.clone());
         let probe = ProbeJob {
             spec: Arc::clone(&self.spec),
+            cancel,
+            reservation,
+            left_key,
             layout: self.layout.clone(),
             left_vector: Self::vector_name(&self.left, self.layout.left_vector),
             schema: Arc::clone(&self.schema),
@@ -325,14 +376,40 @@ impl ExecutionPlan for SparseJoinExec {
         let baseline = probe.baseline.clone();
         let mut next_row: u64 = 0;
         let batch_size = context.session_config().batch_size().max(1);
+        let spec = Arc::clone(&self.spec);
         let stream = futures::stream::once(async move {
             let build = build.await.map_err(DataFusionError::Shared)?;
+            let per_row = match spec.kind {
+                JoinKind::Knn { k } => k.min(build.rows),
+                JoinKind::Radius { .. } => build.rows,
+            };
+            let slice_rows = (PAIRS_PER_PROBE / per_row.max(1)).max(1);
+            let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
+                match (&build.input, reuse_right) {
+                    (Some(input), true) => {
+                        let input = input.clone();
+                        let slices: Vec<Result<RecordBatch>> = (0..input.num_rows())
+                            .step_by(batch_size)
+                            .map(|s| Ok(input.slice(s, batch_size.min(input.num_rows() - s))))
+                            .collect();
+                        futures::stream::iter(slices).boxed()
+                    }
+                    _ => left_stream.boxed(),
+                };
             let batches = left_stream
                 .map_ok(move |batch| {
                     let first_row = next_row;
                     next_row += batch.num_rows() as u64;
-                    (first_row, batch)
+                    let slices: Vec<Result<(u64, RecordBatch)>> = (0..batch.num_rows())
+                        .step_by(slice_rows)
+                        .map(|start| {
+                            let len = slice_rows.min(batch.num_rows() - start);
+                            Ok((first_row + start as u64, batch.slice(start, len)))
+                        })
+                        .collect();
+                    futures::stream::iter(slices)
                 })
+                .try_flatten()
                 .and_then(move |(first_row, batch)| {
                     let probe = probe.clone();
                     let build = Arc::clone(&build);
@@ -354,7 +431,11 @@ impl ExecutionPlan for SparseJoinExec {
                 .try_flatten();
             Ok::<_, DataFusionError>(batches)
         })
-        .try_flatten();
+        .try_flatten()
+        .map(move |batch| {
+            let _held_until_the_stream_is_dropped = &on_drop;
+            batch
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             stream,
@@ -362,17 +443,40 @@ impl ExecutionPlan for SparseJoinExec {
     }
 }
 
+/// `exclude_self=COLUMN`'s column in an input (checked at planning; a plan built another way
+/// still gets an error, not a panic).
+fn key_column(schema: &Schema, column: &str, side: &str) -> Result<usize> {
+    exclusion_column(schema, column).ok_or_else(|| {
+        DataFusionError::Plan(format!(
+            "exclude_self={column}: the {side} input has no column '{column}'"
+        ))
+    })
+}
+
 /// The right side, ready to probe.
 struct BuildSide {
     index: Box<dyn JoinIndex>,
+    rows: usize,
+    /// The right input itself, when the operator probes it against itself (exclude_self=true).
+    input: Option<RecordBatch>,
+    /// `exclude_self=COLUMN`: the right rows' key groups.
+    key_groups: Option<KeyGroups>,
     /// The right input's other columns, all rows in order.
     others: RecordBatch,
     _reservation: MemoryReservation,
 }
 
-/// What the blocking build task hands back: the index, the right side's other columns, the
-/// index's memory, the bytes it copied to a device, and the right side's row count.
-type BuiltSide = (Box<dyn JoinIndex>, RecordBatch, usize, u64, usize);
+/// What the blocking build task hands back: the index, the key groups, the right input itself
+/// (when kept), the right side's other columns, the index's memory, the bytes it copied to a device, and the right side's row count.
+type BuiltSide = (
+    Box<dyn JoinIndex>,
+    Option<KeyGroups>,
+    Option<RecordBatch>,
+    RecordBatch,
+    usize,
+    u64,
+    usize,
+);
 
 /// Counters of the build, shown once per operator.
 struct BuildMetrics {
@@ -394,6 +498,8 @@ impl BuildMetrics {
 }
 
 struct BuildJob {
+    /// Keep the right input's batches (all columns) to probe them against the index.
+    keep_input: bool,
     name: &'static str,
     spec: Arc<JoinSpec>,
     device: Device,
@@ -440,10 +546,15 @@ impl BuildJob {
             layout,
             metrics,
             name,
+            keep_input,
             ..
         } = self;
         let right_schema = right.schema();
         let vector_name = right_schema.field(layout.right_vector).name().clone();
+        let right_key = match &spec.options.exclude_self {
+            ExcludeSelf::Column(c) => Some(key_column(&right_schema, c, "right")?),
+            _ => None,
+        };
         let built = SpawnedTask::spawn_blocking(move || -> Result<BuiltSide> {
             let check = spec.vector_check(&vector_name);
             let mut vectors = Vec::with_capacity(batches.len());
@@ -463,6 +574,24 @@ impl BuildJob {
                 .map(|b| b.project(&layout.right_others))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             let others = concat_batches(&others_schema, &projected)?;
+            let input = if keep_input {
+                Some(concat_batches(&right_schema, &batches)?)
+            } else {
+                None
+            };
+            let key_groups = match right_key {
+                Some(i) => {
+                    let keys: Vec<&dyn arrow::array::Array> =
+                        batches.iter().map(|b| b.column(i).as_ref()).collect();
+                    let keys = if keys.is_empty() {
+                        arrow::array::new_empty_array(right_schema.field(i).data_type())
+                    } else {
+                        arrow::compute::concat(&keys)?
+                    };
+                    Some(KeyGroups::build(&keys)?)
+                }
+                None => None,
+            };
             drop(batches);
             let backend: Box<dyn Backend> = match device {
                 Device::Cpu => Box::new(CpuBackend),
@@ -473,12 +602,15 @@ impl BuildJob {
                 }),
             };
             let index = backend.build(&vectors, &spec.metric)?;
-            let (size, bytes) = (index.memory_size(), index.build_bytes_to_device());
-            Ok((index, others, size, bytes, vectors.len()))
+            let size = index.memory_size()
+                + key_groups.as_ref().map_or(0, |g| g.memory_size())
+                + input.as_ref().map_or(0, |b| b.get_array_memory_size());
+            let bytes = index.build_bytes_to_device();
+            Ok((index, key_groups, input, others, size, bytes, vectors.len()))
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
-        let (index, others, index_size, bytes, rows) = built;
+        let (index, key_groups, input, others, index_size, bytes, rows) = built;
         // The raw batches are gone; what stays is the index and the other right columns.
         let retained = index_size + others.get_array_memory_size();
         reservation.try_resize(retained).map_err(|e| {
@@ -501,6 +633,9 @@ impl BuildJob {
         );
         Ok(BuildSide {
             index,
+            rows,
+            input,
+            key_groups,
             others,
             _reservation: reservation,
         })
@@ -524,6 +659,11 @@ impl BuildJob {
 #[derive(Clone)]
 struct ProbeJob {
     spec: Arc<JoinSpec>,
+    cancel: Cancel,
+    /// The pairs of the slice being probed and its output, in the session's memory pool.
+    reservation: Arc<MemoryReservation>,
+    /// `exclude_self=COLUMN`'s column in the left input.
+    left_key: Option<usize>,
     layout: Layout,
     left_vector: String,
     schema: SchemaRef,
@@ -543,8 +683,10 @@ impl ProbeJob {
     ) -> Result<RecordBatch> {
         let spec = Arc::clone(&self.spec);
         let vectors = batch.column(self.layout.left_vector).clone();
+        let left_keys = self.left_key.map(|i| batch.column(i).clone());
         let column = self.left_vector.clone();
         let probe_build = Arc::clone(&build);
+        let cancel = self.cancel.clone();
         let Probed {
             pairs,
             compute_time: kernel,
@@ -555,19 +697,52 @@ impl ProbeJob {
             let options = ProbeOptions {
                 exclude_self_from: exclude_self.then_some(first_row),
             };
-            probe_build
-                .index
-                .probe(&left, spec.kind.selection(), options)
+            let selection = spec.kind.selection();
+            match (&probe_build.key_groups, left_keys) {
+                (Some(groups), Some(keys)) => {
+                    let left_groups = groups.left_groups(&keys)?;
+                    let mut probed = probe_build.index.probe_cancellable(
+                        &left,
+                        groups.widen(selection),
+                        options,
+                        &cancel,
+                    )?;
+                    probed.pairs = groups.filter(probed.pairs, &left_groups, selection);
+                    Ok(probed)
+                }
+                _ => probe_build
+                    .index
+                    .probe_cancellable(&left, selection, options, &cancel),
+            }
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
         self.kernel_time.add_duration(kernel);
         self.bytes_to_device.add(bytes as usize);
+        let held = pairs.len() * 16;
+        self.reserve(held, batch.num_rows())?;
 
         let _timer = self.baseline.elapsed_compute().timer();
         let out = self.assemble(&build, &batch, pairs)?;
+        self.reserve(held + out.get_array_memory_size(), batch.num_rows())?;
         self.pairs.add(out.num_rows());
+        // The batch is the consumer's from here on.
+        self.reservation.free();
         Ok(out)
+    }
+
+    fn reserve(&self, bytes: usize, rows: usize) -> Result<()> {
+        self.reservation.try_resize(bytes).map_err(|e| {
+            let reason = match e {
+                DataFusionError::ResourcesExhausted(m) => m,
+                e => e.to_string(),
+            };
+            DataFusionError::ResourcesExhausted(format!(
+                "{}: the pairs of {rows} left rows need {bytes} bytes of session memory: \
+                 {reason}; raise the memory limit, or ask for fewer pairs (a smaller k or radius)",
+                self.spec.function_name()
+            ))
+        })
     }
 
     fn assemble(

@@ -6,10 +6,28 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use datafusion::common::{DFSchema, DFSchemaRef, Result};
+use arrow::datatypes::Schema;
+use datafusion::common::{plan_err, DFSchema, DFSchemaRef, Result};
 use datafusion::logical_expr::{Expr, Extension, LogicalPlan, UserDefinedLogicalNodeCore};
 
 use super::spec::{JoinSpec, Layout};
+use crate::options::ExcludeSelf;
+
+/// The position of `exclude_self=COLUMN`'s column in an input: by exact name, else the one
+/// column whose name matches ignoring case.
+pub(crate) fn exclusion_column(schema: &Schema, column: &str) -> Option<usize> {
+    let fields = schema.fields();
+    fields.iter().position(|f| f.name() == column).or_else(|| {
+        let mut matches = fields
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| f.name().eq_ignore_ascii_case(column));
+        match (matches.next(), matches.next()) {
+            (Some((i, _)), None) => Some(i),
+            _ => None,
+        }
+    })
+}
 
 /// `knn_join(left, right, metric, k, options)` or `radius_join(...)` in a logical plan.
 #[derive(Debug, Clone)]
@@ -28,6 +46,52 @@ impl SparseJoinNode {
     /// Plans a join of two logical plans; errors name the function and what is wrong.
     pub fn try_new(spec: JoinSpec, left: LogicalPlan, right: LogicalPlan) -> Result<Self> {
         let layout = Layout::new(&spec, left.schema().as_arrow(), right.schema().as_arrow())?;
+        match &spec.options.exclude_self {
+            // Row identity is known only when both sides are one input: the same table, path or
+            // query (checked before the optimizer gives each side its own projection).
+            ExcludeSelf::Identity if left != right => {
+                return plan_err!(
+                    "{}: exclude_self=true skips a row's pair with itself, which needs the same \
+                     input on both sides (the same table, path or query); the left and right \
+                     inputs differ here, so rows cannot be matched by identity. Use \
+                     exclude_self=COLUMN to skip pairs whose COLUMN values are equal (e.g. \
+                     exclude_self=id)",
+                    spec.function_name()
+                );
+            }
+            ExcludeSelf::Column(column) => {
+                for (side, plan, vector) in [
+                    ("left", &left, layout.left_vector),
+                    ("right", &right, layout.right_vector),
+                ] {
+                    let schema = plan.schema().as_arrow();
+                    match exclusion_column(schema, column) {
+                        Some(i) if i == vector => {
+                            return plan_err!(
+                                "{}: exclude_self={column}: '{column}' is the {side} input's \
+                                 vector column; name a key column (e.g. an id)",
+                                spec.function_name()
+                            )
+                        }
+                        Some(_) => {}
+                        None => {
+                            return plan_err!(
+                                "{}: exclude_self={column}: the {side} input has no column \
+                                 '{column}' (columns: {})",
+                                spec.function_name(),
+                                schema
+                                    .fields()
+                                    .iter()
+                                    .map(|f| f.name().as_str())
+                                    .collect::<Vec<_>>()
+                                    .join(", ")
+                            )
+                        }
+                    }
+                }
+            }
+            _ => {}
+        }
         let left_vector = left.schema().field(layout.left_vector).name().clone();
         let right_vector = right.schema().field(layout.right_vector).name().clone();
         Self::with_layout(
@@ -184,6 +248,27 @@ impl UserDefinedLogicalNodeCore for SparseJoinNode {
 
     fn necessary_children_exprs(&self, output_columns: &[usize]) -> Option<Vec<Vec<usize>>> {
         let (left, right) = self.layout.required_inputs(output_columns);
+        if self.spec.options.exclude_self == ExcludeSelf::Identity {
+            // One input on both sides: both keep the same columns, so the operator can read
+            // it once and probe its own rows (see `SparseJoinExec`).
+            let mut both: Vec<usize> = left.into_iter().chain(right).collect();
+            both.sort_unstable();
+            both.dedup();
+            return Some(vec![both.clone(), both]);
+        }
+        if let ExcludeSelf::Column(column) = &self.spec.options.exclude_self {
+            // The key column is read even when the output does not show it.
+            let with_key = |mut needed: Vec<usize>, input: &LogicalPlan| {
+                needed.extend(exclusion_column(input.schema().as_arrow(), column));
+                needed.sort_unstable();
+                needed.dedup();
+                needed
+            };
+            return Some(vec![
+                with_key(left, &self.left),
+                with_key(right, &self.right),
+            ]);
+        }
         Some(vec![left, right])
     }
 }

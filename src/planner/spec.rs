@@ -131,8 +131,8 @@ impl Hash for JoinSpec {
 impl fmt::Display for JoinSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "metric={}, {}", self.metric, self.kind)?;
-        if self.options.exclude_self {
-            write!(f, ", exclude_self=true")?;
+        if !self.options.exclude_self.is_off() {
+            write!(f, ", exclude_self={}", self.options.exclude_self)?;
         }
         Ok(())
     }
@@ -390,12 +390,13 @@ pub fn resolve_device(function: &str, choice: DeviceChoice) -> Result<Device> {
             crate::gpu::describe()
         ),
         DeviceChoice::Auto => {
-            let device = if crate::gpu::is_available() {
-                Device::Gpu
-            } else {
-                Device::Cpu
+            let device = match crate::gpu::auto_fallback_reason() {
+                None => Device::Gpu,
+                Some(reason) => {
+                    log::info!("{function}: device=auto runs on the CPU: {reason}");
+                    Device::Cpu
+                }
             };
-            log::info!("{function}: device=auto runs on the {device}");
             Ok(device)
         }
     }

@@ -39,6 +39,27 @@ impl SparseJoinRelationPlanner {
         Self { catalogs }
     }
 
+    /// A scan of a registered table under its full name.
+    fn canonical(&self, config: &ConfigOptions, plan: LogicalPlan) -> Result<LogicalPlan> {
+        let LogicalPlan::TableScan(scan) = &plan else {
+            return Ok(plan);
+        };
+        if matches!(scan.table_name, TableReference::Full { .. })
+            || scan.projection.is_some()
+            || !scan.filters.is_empty()
+            || scan.fetch.is_some()
+            || self.lookup(config, &scan.table_name).is_none()
+        {
+            return Ok(plan);
+        }
+        let full = scan.table_name.clone().resolve(
+            &config.catalog.default_catalog,
+            &config.catalog.default_schema,
+        );
+        LogicalPlanBuilder::scan(TableReference::from(full), Arc::clone(&scan.source), None)?
+            .build()
+    }
+
     /// A table of the session's catalogs, by name.
     fn lookup(
         &self,
@@ -246,6 +267,20 @@ impl RelationPlanner for SparseJoinRelationPlanner {
         let spec = JoinSpec::new(kind, &metric, options)?;
         let left = self.plan_input(context, name, "argument 1 (left)", left)?;
         let right = self.plan_input(context, name, "argument 2 (right)", right)?;
+        let both_scans = matches!(
+            (&left, &right),
+            (LogicalPlan::TableScan(_), LogicalPlan::TableScan(_))
+        );
+        let (left, right) = if left == right || !both_scans {
+            (left, right)
+        } else {
+            // `pts` and `datafusion.public.pts` are one input (what exclude_self=true needs).
+            let config = context.context_provider().options();
+            (
+                self.canonical(config, left)?,
+                self.canonical(config, right)?,
+            )
+        };
         let node = SparseJoinNode::try_new(spec, left, right)?;
         Ok(RelationPlanning::Planned(Box::new(PlannedRelation::new(
             node.into_plan(),

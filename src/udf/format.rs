@@ -84,8 +84,8 @@ impl ScalarUDFImpl for SparseFormatFunc {
                     .filter(|e| *e.1 != 0.0)
                     .map(|(&i, &v)| (i, v)),
             );
-            entries.sort_unstable_by_key(|e| e.0);
-            let top = entries.last().map_or(0, |e| e.0 as i64 + 1);
+            entries.sort_unstable_by_key(|e| e.0 as u32);
+            let top = entries.last().map_or(0, |e| e.0 as u32 as i64 + 1);
             let dim = match dim {
                 None => top.max(1),
                 Some(d) if d < 1 => {
@@ -106,7 +106,7 @@ impl ScalarUDFImpl for SparseFormatFunc {
                 if n > 0 {
                     text.push(',');
                 }
-                write!(text, "{}:", i as i64 + 1).expect("writing to a String");
+                write!(text, "{}:", i as u32 as i64 + 1).expect("writing to a String");
                 write_float(&mut text, v);
             }
             write!(text, "}}/{dim}").expect("writing to a String");

@@ -56,6 +56,6 @@ impl ScalarUDFImpl for SparseFromDenseFunc {
     fn invoke_with_args(&self, args: ScalarFunctionArgs) -> Result<ColumnarValue> {
         let a = Args::new(&args.args, args.number_rows)?;
         let batch = a.vector(NAME, 0, |c| c)?;
-        a.output(Arc::new(batch.to_array()))
+        a.output(Arc::new(batch.try_to_array(NAME)?))
     }
 }

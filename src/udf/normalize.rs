@@ -76,6 +76,6 @@ impl ScalarUDFImpl for SparseNormalizeFunc {
             });
         }
         let out = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
-        a.output(Arc::new(out.to_array()))
+        a.output(Arc::new(out.try_to_array(NAME)?))
     }
 }

@@ -65,7 +65,7 @@ impl ScalarUDFImpl for SparseParseFunc {
             });
         }
         let batch = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
-        a.output(Arc::new(batch.to_array()))
+        a.output(Arc::new(batch.try_to_array(NAME)?))
     }
 }
 

@@ -72,7 +72,7 @@ impl ScalarUDFImpl for SparseVectorFunc {
             &st,
             &crate::vector::VectorCheck::new(format!("{NAME}(indices, values)")),
         )?;
-        a.output(Arc::new(batch.to_array()))
+        a.output(Arc::new(batch.try_to_array(NAME)?))
     }
 }
 

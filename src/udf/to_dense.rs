@@ -85,13 +85,14 @@ impl ScalarUDFImpl for SparseToDenseFunc {
                 values.resize(start + d as usize, 0.0);
                 let (idx, val) = batch.row(vr);
                 for (&i, &v) in idx.iter().zip(val) {
-                    if i as i64 >= d {
+                    if i as u32 as i64 >= d {
                         return exec_err!(
-                            "{}, row {row}: index {i} is out of range for dimension {d} (indices are 0-based and must be < {d})",
-                            arg_label(NAME, 0)
+                            "{}, row {row}: index {} is out of range for dimension {d} (indices are 0-based and must be < {d})",
+                            arg_label(NAME, 0),
+                            i as u32
                         );
                     }
-                    values[start + i as usize] = v;
+                    values[start + i as u32 as usize] = v;
                 }
             }
             offsets.push(values.len() as i32);

@@ -121,7 +121,7 @@ fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<List
     })
 }
 
-/// Indices of a flat child array, widened to i64 (row checks narrow them to i32).
+/// Indices of a flat child array, widened to i64 (row checks narrow them to u32).
 fn index_values(child: &ArrayRef) -> Result<Vec<i64>> {
     let c = cast(child, &DataType::Int64)?;
     Ok(c.as_primitive::<Int64Type>().values().to_vec())
@@ -196,6 +196,7 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
             let vc = vl.values().as_primitive::<Float32Type>();
             if il.offsets() == vl.offsets() && ic.null_count() == 0 && vc.null_count() == 0 {
                 reject_null_lists(array.nulls(), il.nulls(), vl.nulls(), check)?;
+                reject_negative_indices(array, il.offsets(), ic.values(), check)?;
                 return Ok(SparseBatch::from_parts(
                     il.offsets().inner().clone(),
                     ic.values().clone(),
@@ -210,6 +211,30 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
     let vp = list_parts(values.as_ref(), check, "field 'values'")?;
     reject_null_lists(array.nulls(), ip.nulls.as_ref(), vp.nulls.as_ref(), check)?;
     build(array.len(), &ip, &vp, array.nulls().cloned(), check)
+}
+
+/// Int32 indices taken as they are: a negative one is an error (the batch reads indices as u32,
+/// so it must not get there).
+fn reject_negative_indices(
+    array: &StructArray,
+    offsets: &arrow::buffer::OffsetBuffer<i32>,
+    indices: &[i32],
+    check: &VectorCheck,
+) -> Result<()> {
+    let (first, last) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
+    if !indices[first..last].iter().any(|&i| i < 0) {
+        return Ok(());
+    }
+    for row in 0..array.len() {
+        if array.is_null(row) {
+            continue;
+        }
+        let (s, e) = (offsets[row] as usize, offsets[row + 1] as usize);
+        if let Some(i) = indices[s..e].iter().find(|&&i| i < 0) {
+            return exec_err!("{}: negative index {i}", check.row_label(row));
+        }
+    }
+    Ok(())
 }
 
 /// A NULL `indices` or `values` list inside a non-NULL vector is neither the NULL vector (that is
@@ -290,11 +315,11 @@ fn build(
                 if i < 0 {
                     return exec_err!("{}: negative index {i}", check.row_label(row));
                 }
-                if i > i32::MAX as i64 {
+                if i > u32::MAX as i64 {
                     return exec_err!(
                         "{}: index {i} is larger than the largest supported index {}",
                         check.row_label(row),
-                        i32::MAX
+                        u32::MAX
                     );
                 }
                 let v = read(vs + k);
@@ -304,7 +329,8 @@ fn build(
                         check.row_label(row)
                     );
                 }
-                indices.push(i as i32);
+                // Indices are stored as the bits of a u32 (see `SparseBatch`).
+                indices.push(i as u32 as i32);
                 values.push(v as f32);
             }
         }

@@ -21,6 +21,12 @@ pub const VALUES: &str = "values";
 
 /// A batch of sparse vectors in CSR form, validated.
 ///
+/// Indices are held in an `i32` buffer (the canonical Arrow type's) but mean the `u32` of their
+/// bits: Int32 input is never negative, so nothing changes for it, and UInt32 (or Int64) indices
+/// up to 2^32 − 1 keep their value. Code that compares indices only for equality and a consistent
+/// order (merges, inverted indices, sorting) may use the `i32`; code that needs the number (range
+/// checks, positions, text) reads `i as u32`.
+///
 /// Row `i` covers `offsets[i]..offsets[i + 1]` of `indices` and `values`; `offsets[0]` need not be
 /// zero (a sliced Arrow array keeps its buffers). A null row matches nothing; its range is ignored.
 #[derive(Debug, Clone)]
@@ -137,7 +143,7 @@ impl SparseBatch {
         let last = self.offsets[self.len()] as usize;
         self.indices[first..last]
             .iter()
-            .map(|&i| i as usize + 1)
+            .map(|&i| i as u32 as usize + 1)
             .max()
             .unwrap_or(0)
     }
@@ -145,6 +151,23 @@ impl SparseBatch {
     /// Stored entries of all rows.
     pub fn nnz(&self) -> usize {
         (self.offsets[self.len()] - self.offsets[0]) as usize
+    }
+
+    /// [`SparseBatch::to_array`] for a function's output: an index above `i32::MAX` (from UInt32
+    /// input) does not fit the canonical type's Int32 indices, an error naming `what`.
+    pub fn try_to_array(&self, what: &str) -> Result<StructArray> {
+        let (first, last) = (self.offsets[0] as usize, self.offsets[self.len()] as usize);
+        if let Some(&i) = self.indices[first..last].iter().find(|&&i| i < 0) {
+            return datafusion::common::exec_err!(
+                "{what}: index {} does not fit the Int32 indices of the output vector type \
+                 (indices up to {} are accepted as input and computed with; a vector a function \
+                 returns holds indices up to {})",
+                i as u32,
+                u32::MAX,
+                i32::MAX
+            );
+        }
+        Ok(self.to_array())
     }
 
     /// The canonical Arrow array (`Struct{indices: List<Int32>, values: List<Float32>}`).

@@ -63,10 +63,9 @@ impl VectorCheck {
             let (indices, values) = batch.row(row);
             let mut sorted = true;
             let mut prev = -1i64;
-            for (&i, &v) in indices.iter().zip(values) {
-                if i < 0 {
-                    return exec_err!("{}: negative index {i}", self.row_label(row));
-                }
+            for (&stored, &v) in indices.iter().zip(values) {
+                // Indices are the bits of a u32 (see `SparseBatch`).
+                let i = stored as u32;
                 if let Some(d) = self.dim {
                     if i as u64 >= d {
                         return exec_err!(
@@ -100,7 +99,7 @@ impl VectorCheck {
                 scratch.extend_from_slice(indices);
                 scratch.sort_unstable();
                 if let Some(w) = scratch.windows(2).find(|w| w[0] == w[1]) {
-                    return exec_err!("{}: duplicate index {}", self.row_label(row), w[0]);
+                    return exec_err!("{}: duplicate index {}", self.row_label(row), w[0] as u32);
                 }
             }
         }
