@@ -30,6 +30,7 @@
 // (nearest first, ties to the smaller right row) with no separate tie rule. Distances leave the
 // kernel as doubles.
 
+#define DBL_EPS 2.220446049250313e-16
 #define NO_KEY 0xffffffffffffffffull
 #define NO_ROW 0xffffffffu
 // `self_first` when exclude_self is off.
@@ -355,11 +356,21 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                         const Totals lt = {lt0, lt1};
                         const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
                                            MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
-                        const double s0 = (double)acc0[jj] / scale0;
+                        double s0 = (double)acc0[jj] / scale0;
                         const double s1 = TWO ? (double)acc1[jj] / scale1 : 0.0;
+                        if (a.bound_mode != 0) {
+                            // The folded sum's rounding, bounded as in src/cpu/certified.rs (n
+                            // terms, each within a few ulps of its parts, whose sum is at most
+                            // |acc| + 2(L + R)), plus the fixed-point rounding of each term.
+                            const double e = 2.0 * (double)(deg + a.max_row_len + 8) * DBL_EPS
+                                                 * (fabs(s0) + 3.0 * (fabs(lt0) + fabs(rt0[j])))
+                                             + (double)deg / scale0;
+                            s0 = a.bound_mode == 1 ? s0 + e : s0 - e;
+                        }
                         const double dist = MetricDef::finish(s0, s1, lt, rt, prm);
                         if (RADIUS) {
-                            radius_emit(dist, radius, row, j, a.r_counter, r_cap, a.r_left,
+                            const double r = a.row_radius ? a.row_radius[w] : radius;
+                            radius_emit(dist, r, row, j, a.r_counter, r_cap, a.r_left,
                                         a.r_right, a.r_dist);
                         } else {
                             const u64 c = double_to_ordered(MetricDef::SIMILARITY ? -dist : dist);

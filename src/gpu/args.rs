@@ -74,6 +74,13 @@ kernel_args! {
         y_max: f64 = "double",
         /// Set when a pair term exceeds its bound (the sums would be wrong).
         overflow: DevPtr = "u32*",
+        /// 0: distances as computed; 1: their upper and 2: their lower bound (the folded sum
+        /// shifted by its proven rounding error, see `certified` in src/gpu/index.rs).
+        bound_mode: i32 = "int",
+        /// The most nonzeros of one right row (in the rounding bound).
+        max_row_len: i32 = "int",
+        /// Radius joins: a radius per work row, or 0 (null) for `radius`.
+        row_radius: DevPtr = "const double*",
         col_mode: i32 = "int",
         ncols: i32 = "int",
         col_ids: DevPtr = "const int*",

@@ -21,7 +21,7 @@ use super::memory::upload;
 use super::prepare::{estimate_bytes, prepare_part, upload_part, ColumnMap, DevPart, HostPart};
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
-use crate::metric::{RowTotals, Semiring};
+use crate::metric::{sorted_nonzeros, union_distance, RowTotals, Semiring};
 use crate::vector::SparseBatch;
 
 /// The largest k selected inside the kernels (the candidates live in shared memory); a larger k
@@ -51,7 +51,61 @@ pub struct GpuIndex {
     parts_meta: Vec<(usize, usize, usize)>, // (first_row, rows, ntiles)
     tile_rows: usize,
     budget: u64,
+    /// The most nonzeros of one right row (in the certified bounds).
+    max_row_len: i32,
+    /// Certified metrics: the exact distance of a pair (left row, right row) over the union.
+    exact: Option<ExactDistance>,
     inner: Mutex<Inner>,
+}
+
+/// The exact distance of a left row and a right row, both as sorted nonzero entries; the right
+/// side's rows kept so (`ptr` is their row pointer).
+struct ExactDistance {
+    ptr: Vec<usize>,
+    entries: Vec<(i32, f32)>,
+    distance: ExactFn,
+}
+
+type ExactFn = Box<dyn Fn(&[(i32, f32)], &[(i32, f32)]) -> f64 + Send + Sync>;
+
+impl ExactDistance {
+    fn new<S: Semiring>(s: S, right: &SparseBatch) -> Self {
+        let mut ptr = Vec::with_capacity(right.len() + 1);
+        let mut entries = Vec::with_capacity(right.nnz());
+        ptr.push(0);
+        for r in 0..right.len() {
+            entries.extend(sorted_nonzeros(right.row(r)));
+            ptr.push(entries.len());
+        }
+        Self {
+            ptr,
+            entries,
+            distance: Box::new(move |a, b| union_distance(&s, a, b)),
+        }
+    }
+
+    fn right_row(&self, j: usize) -> &[(i32, f32)] {
+        &self.entries[self.ptr[j]..self.ptr[j + 1]]
+    }
+
+    fn memory_size(&self) -> usize {
+        self.ptr.len() * 8 + self.entries.len() * 8
+    }
+}
+
+/// What the kernels return for a certified metric: distances (mode 0), or their upper (1) or
+/// lower (2) bounds; and for radius joins, a radius per left row.
+#[derive(Clone, Copy)]
+struct Bounds<'a> {
+    mode: i32,
+    row_radius: Option<&'a [f64]>,
+}
+
+impl Bounds<'_> {
+    const NONE: Bounds<'static> = Bounds {
+        mode: 0,
+        row_radius: None,
+    };
 }
 
 impl std::fmt::Debug for GpuIndex {
@@ -220,6 +274,7 @@ impl GpuIndex {
             stats.bytes_to_device
         );
         drop(_guard);
+        let certified = program.certified;
         Ok(GpuIndex {
             program,
             device,
@@ -229,6 +284,8 @@ impl GpuIndex {
             parts_meta,
             tile_rows,
             budget,
+            max_row_len: (0..rows).map(|r| right.row_len(r)).max().unwrap_or(0) as i32,
+            exact: certified.then(|| ExactDistance::new(*s, right)),
             inner: Mutex::new(Inner {
                 resident,
                 col_ids,
@@ -266,9 +323,10 @@ impl GpuIndex {
 
     /// Host bytes the index keeps (the parts' host copies when they are streamed).
     pub(crate) fn host_bytes(&self) -> usize {
-        self.host_parts.as_ref().map_or(0, |parts| {
+        let parts = self.host_parts.as_ref().map_or(0, |parts| {
             parts.iter().map(|p| p.device_bytes() as usize).sum()
-        })
+        });
+        parts + self.exact.as_ref().map_or(0, |e| e.memory_size())
     }
 
     /// [`GpuIndex::probe`], with this probe's own counters; gives up between launches once
@@ -298,6 +356,14 @@ impl GpuIndex {
             .map_err(cuda_err("binding the CUDA context"))?;
         let mut probe_stats = GpuStats::default();
         let result = match selection {
+            _ if self.exact.is_some() => self.probe_certified(
+                &mut inner,
+                left,
+                selection,
+                options,
+                cancel,
+                &mut probe_stats,
+            ),
             Selection::Nearest(k) if k > MAX_DEVICE_K => {
                 self.probe_large_k(&mut inner, left, k, options, cancel, &mut probe_stats)
             }
@@ -308,6 +374,7 @@ impl GpuIndex {
                 options,
                 cancel,
                 &mut probe_stats,
+                Bounds::NONE,
             ),
         };
         inner.stats.bytes_to_device += probe_stats.bytes_to_device;
@@ -328,6 +395,7 @@ impl GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
         stats: &mut GpuStats,
+        bounds: Bounds<'_>,
     ) -> Result<PairList> {
         let device = &*self.device;
         let mut per_part = Vec::with_capacity(self.parts_meta.len());
@@ -360,6 +428,9 @@ impl GpuIndex {
                 tile_rows: self.tile_rows,
                 budget: self.budget,
                 held,
+                bound_mode: bounds.mode,
+                max_row_len: self.max_row_len,
+                row_radius: bounds.row_radius,
             };
             let mut out = PairList::default();
             let work_budget = self.budget.saturating_sub(held).max(1);
@@ -396,6 +467,110 @@ impl GpuIndex {
             Selection::Nearest(k) => merge_nearest(per_part, k, self.program.similarity),
             Selection::Within(_) => merge_within(per_part),
         })
+    }
+
+    /// A sum with an exact union term (minkowski, hellinger, jensenshannon), exactly: its folded
+    /// sum cancels for large, nearly equal values, so the kernels return bounds instead (the
+    /// folded sum shifted by its proven rounding error). For k nearest, a first pass finds each
+    /// left row's k-th smallest upper bound U; a second collects every right row whose lower
+    /// bound is within U (for a radius, within the radius): no row outside can be in the answer.
+    /// Those candidates are computed exactly over the union on the host and selected there.
+    fn probe_certified(
+        &self,
+        inner: &mut Inner,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+        stats: &mut GpuStats,
+    ) -> Result<PairList> {
+        let exact = self
+            .exact
+            .as_ref()
+            .expect("certified metrics keep the exact distance");
+        let kth_upper: Vec<f64>;
+        let (within, row_radius) = match selection {
+            Selection::Nearest(k) if k <= MAX_DEVICE_K => {
+                let upper = self.probe_locked(
+                    inner,
+                    left,
+                    selection,
+                    options,
+                    cancel,
+                    stats,
+                    Bounds {
+                        mode: 1,
+                        row_radius: None,
+                    },
+                )?;
+                // Rows with fewer than k candidates keep every one (an infinite radius).
+                let mut kth = vec![f64::INFINITY; left.len()];
+                let mut i = 0;
+                while i < upper.len() {
+                    let l = upper.left[i] as usize;
+                    let start = i;
+                    while i < upper.len() && upper.left[i] as usize == l {
+                        i += 1;
+                    }
+                    if i - start == k {
+                        kth[l] = upper.distance[i - 1];
+                    }
+                }
+                kth_upper = kth;
+                (f64::INFINITY, Some(&kth_upper[..]))
+            }
+            Selection::Nearest(_) => (f64::INFINITY, None),
+            Selection::Within(radius) => (radius, None),
+        };
+        let candidates = self.probe_locked(
+            inner,
+            left,
+            Selection::Within(within),
+            options,
+            cancel,
+            stats,
+            Bounds {
+                mode: 2,
+                row_radius,
+            },
+        )?;
+        cancel.check()?;
+        // Candidates come ordered by left row, then right row: one task per left row.
+        let mut starts = Vec::new();
+        for i in 0..candidates.len() {
+            if i == 0 || candidates.left[i] != candidates.left[i - 1] {
+                starts.push(i);
+            }
+        }
+        starts.push(candidates.len());
+        let rows: Vec<Vec<(f64, u32)>> = starts
+            .par_windows(2)
+            .map(|w| {
+                let l = candidates.left[w[0]] as usize;
+                let x = sorted_nonzeros(left.row(l));
+                let mut row: Vec<(f64, u32)> = (w[0]..w[1])
+                    .map(|i| {
+                        let j = candidates.right[i];
+                        ((exact.distance)(&x, exact.right_row(j as usize)), j)
+                    })
+                    .collect();
+                match selection {
+                    Selection::Nearest(k) => {
+                        row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                        row.truncate(k);
+                    }
+                    Selection::Within(radius) => row.retain(|&(d, _)| d <= radius),
+                }
+                row
+            })
+            .collect();
+        let mut out = PairList::default();
+        for (w, row) in starts.windows(2).zip(rows) {
+            for (d, j) in row {
+                out.push(candidates.left[w[0]], j, d);
+            }
+        }
+        Ok(out)
     }
 
     /// The end of the left chunk that starts at `r0`: its upload and outputs fit `budget`.
@@ -454,6 +629,7 @@ impl GpuIndex {
                 options.shifted(r0),
                 cancel,
                 stats,
+                Bounds::NONE,
             )?;
             let mut i = 0;
             while i < all.len() {

@@ -7,7 +7,7 @@ use datafusion::common::{exec_datafusion_err, Result};
 
 use super::args::{FoldedArgs, UnionArgs};
 use crate::metric::cuda::cuda_definition;
-use crate::metric::{Params, Semiring};
+use crate::metric::{Params, Reduction, Semiring};
 
 const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
 const KERNELS: &str = include_str!("../../kernels/knn.cu");
@@ -24,8 +24,11 @@ pub struct MetricProgram {
     /// The whole translation unit NVRTC compiles (also the module cache key).
     pub source: String,
     pub params: Params,
-    /// Runs the union kernels (the metric has an exact union term), not the folded ones.
+    /// Runs the union kernels (a max over the union: chebyshev), not the folded ones.
     pub union_form: bool,
+    /// A sum with an exact union term (minkowski, hellinger, jensenshannon): the folded kernels
+    /// bound each distance and the host computes the candidates exactly (`GpuIndex`).
+    pub certified: bool,
     pub similarity: bool,
     pub two_accumulators: bool,
 }
@@ -36,7 +39,8 @@ impl MetricProgram {
             name: S::NAME,
             source: module_source::<S>(),
             params: s.params(),
-            union_form: s.has_exact_term(),
+            union_form: S::REDUCTION == Reduction::Max,
+            certified: S::REDUCTION == Reduction::Sum && s.has_exact_term() && !S::SIMILARITY,
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
         }

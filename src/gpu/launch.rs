@@ -43,6 +43,11 @@ pub(crate) struct PartLaunch<'a> {
     /// The index's device memory budget, and what is already held of it.
     pub budget: u64,
     pub held: u64,
+    /// Distances, or their upper (1) or lower (2) bounds (certified metrics).
+    pub bound_mode: i32,
+    pub max_row_len: i32,
+    /// Radius joins: a radius per left row of the batch instead of the selection's.
+    pub row_radius: Option<&'a [f64]>,
 }
 
 impl PartLaunch<'_> {
@@ -105,6 +110,14 @@ impl PartLaunch<'_> {
         }
         let d_work = upload(device, &work, stats)?;
         bytes += nwork as u64 * 4;
+        let d_radius = match self.row_radius {
+            Some(radii) => {
+                let per_work: Vec<f64> = work.iter().map(|&w| radii[r0 + w as usize]).collect();
+                bytes += nwork as u64 * 8;
+                Some(upload(device, &per_work, stats)?)
+            }
+            None => None,
+        };
         let out_rows = zeros::<u32>(device, if knn { nwork * k } else { 1 })?;
         let out_dist = zeros::<f64>(device, if knn { nwork * k } else { 1 })?;
         let out_count = zeros::<i32>(device, if knn { nwork } else { 1 })?;
@@ -244,6 +257,9 @@ impl PartLaunch<'_> {
                     y_min: self.part.y_min,
                     y_max: self.part.y_max,
                     overflow: addr(device, &overflow),
+                    bound_mode: self.bound_mode,
+                    max_row_len: self.max_row_len,
+                    row_radius: d_radius.as_ref().map_or(0, |r| addr(device, r)),
                     col_mode: matches!(self.columns, ColumnMap::Sorted(_)) as i32,
                     ncols: self.columns.len() as i32,
                     col_ids: addr(device, col_ids),

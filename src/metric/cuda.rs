@@ -34,7 +34,9 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let needs_rt0 = reads(&finish_text, &format!("{r}.t0"));
     let needs_rt1 = reads(&finish_text, &format!("{r}.t1"));
     let max = S::REDUCTION == Reduction::Max;
-    let union = src.exact_term.is_some();
+    // Sum metrics with an exact term run the folded kernels (their exactness comes from the
+    // certified bounds, see src/gpu/index.rs); a max has no folded form.
+    let union = max;
     let term = match src.exact_term {
         Some(([ex, ey, eprm], text)) => format!(
             "    __device__ static double term(double {ex}, double {ey}, const Params& {eprm}) \

@@ -300,13 +300,7 @@ pub fn row_distance<S: Semiring>(s: &S, a: (&[i32], &[f32]), b: (&[i32], &[f32])
     let a = sorted_nonzeros(a);
     let b = sorted_nonzeros(b);
     if s.has_exact_term() {
-        let zero = RowTotals::default();
-        let terms = union_pairs(&a, &b).map(|(x, y)| s.term(x, y));
-        let reduced = match S::REDUCTION {
-            Reduction::Sum => terms.sum(),
-            Reduction::Max => terms.fold(0.0, f64::max),
-        };
-        return s.finish(reduced, 0.0, &zero, &zero);
+        return union_distance(s, &a, &b);
     }
     let ta = s.totals(a.iter().map(|e| e.1));
     let tb = s.totals(b.iter().map(|e| e.1));
@@ -338,8 +332,21 @@ impl fmt::Display for Metric {
     }
 }
 
+/// The distance by the exact term over the union of two rows given as their nonzero
+/// `(index, value)` entries sorted by index (see [`sorted_nonzeros`]); for metrics with an
+/// exact term.
+pub fn union_distance<S: Semiring>(s: &S, a: &[(i32, f32)], b: &[(i32, f32)]) -> f64 {
+    let zero = RowTotals::default();
+    let terms = union_pairs(a, b).map(|(x, y)| s.term(x, y));
+    let reduced = match S::REDUCTION {
+        Reduction::Sum => terms.sum(),
+        Reduction::Max => terms.fold(0.0, f64::max),
+    };
+    s.finish(reduced, 0.0, &zero, &zero)
+}
+
 /// A row's nonzero entries sorted by index (explicit zeros are not part of the support).
-fn sorted_nonzeros((indices, values): (&[i32], &[f32])) -> Vec<(i32, f32)> {
+pub fn sorted_nonzeros((indices, values): (&[i32], &[f32])) -> Vec<(i32, f32)> {
     let mut v: Vec<(i32, f32)> = indices
         .iter()
         .zip(values)
