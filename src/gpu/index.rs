@@ -387,6 +387,7 @@ impl GpuIndex {
         result.map(|pairs| (pairs, probe_stats))
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn probe_locked(
         &self,
         inner: &mut Inner,
