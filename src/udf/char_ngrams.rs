@@ -145,7 +145,7 @@ impl ScalarUDFImpl for SparseCharNgramsFunc {
             }
             rows.push(Some(char_ngrams(text.value(tr), n as usize, dim as u64)));
         }
-        let out = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+        let out = SparseBatch::try_from_rows(rows.iter().map(|r| r.as_deref()), NAME)?;
         a.output(Arc::new(out.try_to_array(NAME)?))
     }
 }

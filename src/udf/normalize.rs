@@ -75,7 +75,7 @@ impl ScalarUDFImpl for SparseNormalizeFunc {
                 _ => None,
             });
         }
-        let out = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+        let out = SparseBatch::try_from_rows(rows.iter().map(|r| r.as_deref()), NAME)?;
         a.output(Arc::new(out.try_to_array(NAME)?))
     }
 }

@@ -64,7 +64,7 @@ impl ScalarUDFImpl for SparseParseFunc {
                 })?),
             });
         }
-        let batch = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+        let batch = SparseBatch::try_from_rows(rows.iter().map(|r| r.as_deref()), NAME)?;
         a.output(Arc::new(batch.try_to_array(NAME)?))
     }
 }

@@ -63,8 +63,18 @@ impl SparseBatch {
         }
     }
 
-    /// Builds a batch from rows of `(index, value)` pairs; `None` is a null row.
+    /// Builds a batch from rows of `(index, value)` pairs; `None` is a null row. Panics past
+    /// `i32::MAX` entries in all (see [`SparseBatch::try_from_rows`] for data from users).
     pub fn from_rows<'a>(rows: impl IntoIterator<Item = Option<&'a [(i32, f32)]>>) -> Self {
+        Self::try_from_rows(rows, "a batch built from rows").unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`SparseBatch::from_rows`], with an error naming `what` when the entries do not fit the
+    /// i32 row pointer of the canonical type (the offsets would wrap).
+    pub fn try_from_rows<'a>(
+        rows: impl IntoIterator<Item = Option<&'a [(i32, f32)]>>,
+        what: &str,
+    ) -> Result<Self> {
         let mut offsets = vec![0i32];
         let mut indices = Vec::new();
         let mut values = Vec::new();
@@ -75,11 +85,22 @@ impl SparseBatch {
                 indices.push(i);
                 values.push(v);
             }
-            offsets.push(indices.len() as i32);
+            let Ok(end) = i32::try_from(indices.len()) else {
+                return datafusion::common::exec_err!(
+                    "{what}: more than {} vector entries in one batch; use smaller batches",
+                    i32::MAX
+                );
+            };
+            offsets.push(end);
         }
         let nulls = NullBuffer::from(valid);
         let nulls = (nulls.null_count() > 0).then_some(nulls);
-        Self::from_parts(offsets.into(), indices.into(), values.into(), nulls)
+        Ok(Self::from_parts(
+            offsets.into(),
+            indices.into(),
+            values.into(),
+            nulls,
+        ))
     }
 
     /// Rows `offset..offset + len`, sharing the buffers (offsets keep their absolute values).
