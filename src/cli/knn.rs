@@ -56,6 +56,10 @@ pub struct KnnArgs {
     /// Replace --output if it exists.
     #[arg(long, alias = "force")]
     pub overwrite: bool,
+    /// Run on an Apache Ballista cluster (`sparse-knn scheduler`): df://HOST:PORT; --left and
+    /// --right must be paths the executors can read.
+    #[arg(long, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
 }
 
 impl KnnArgs {
@@ -98,7 +102,7 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     };
     let (left_rows, right_rows) = (local_rows(&left_at)?, local_rows(&right_at)?);
 
-    let ctx = session()?;
+    let ctx = super::on_cluster(session()?, args.cluster.as_deref()).await?;
     register_location(&ctx, "knn_left", &left_at).await?;
     register_location(&ctx, "knn_right", &right_at).await?;
     let left_rows = match left_rows {

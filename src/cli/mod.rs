@@ -12,6 +12,8 @@ macro_rules! cli_bail {
 }
 
 pub mod bench;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod generate;
 pub mod knn;
 pub mod shell;
@@ -56,6 +58,12 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Time the self knn_join per metric and device.
     Bench(bench::BenchArgs),
+    /// Run an Apache Ballista scheduler with every sparse-knn function and operator.
+    #[cfg(feature = "cluster")]
+    Scheduler(cluster::SchedulerArgs),
+    /// Run an Apache Ballista executor with every sparse-knn function and operator.
+    #[cfg(feature = "cluster")]
+    Executor(cluster::ExecutorArgs),
 }
 
 /// An error for the user: printed as one line on stderr.
@@ -137,6 +145,10 @@ pub fn main() -> ExitCode {
             Command::Knn(args) => knn::run(args).await,
             Command::Generate(args) => generate::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            #[cfg(feature = "cluster")]
+            Command::Scheduler(args) => cluster::run_scheduler(args).await,
+            #[cfg(feature = "cluster")]
+            Command::Executor(args) => cluster::run_executor(args).await,
         }
     });
     match result {
@@ -156,6 +168,19 @@ pub struct SessionOptions {
     /// The memory pool's size in bytes (`--memory-limit`); `None`: unbounded, DataFusion's
     /// default.
     pub memory_limit: Option<u64>,
+}
+
+/// `ctx`, or with `--cluster df://HOST:PORT` a client of that cluster built from it.
+pub async fn on_cluster(ctx: SessionContext, cluster: Option<&str>) -> CliResult<SessionContext> {
+    match cluster {
+        None => Ok(ctx),
+        #[cfg(feature = "cluster")]
+        Some(url) => cluster::connect(ctx, url).await,
+        #[cfg(not(feature = "cluster"))]
+        Some(url) => cli_bail!(
+            "--cluster {url}: this sparse-knn was built without the `cluster` feature"
+        ),
+    }
 }
 
 /// A session with every sparse-knn function and setting registered.

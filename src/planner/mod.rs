@@ -15,6 +15,7 @@
 mod dataframe;
 mod exec;
 mod logical;
+mod shard;
 mod source;
 mod spec;
 mod sql;
@@ -35,8 +36,10 @@ use datafusion::prelude::SessionContext;
 pub use dataframe::{knn_join, radius_join};
 pub use exec::SparseJoinExec;
 pub use logical::SparseJoinNode;
+pub use shard::{plan_sharded, RightShardExec, RowIdExec, ShardMergeExec, ROW_ID};
 pub use spec::{
-    find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, Side, DISTANCE_COLUMN,
+    find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
+    DISTANCE_COLUMN,
     NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
 };
 pub use sql::SparseJoinRelationPlanner;
@@ -111,6 +114,16 @@ impl ExtensionPlanner for SparseJoinPlanner {
             return Ok(None);
         };
         let device = resolve_device(node.spec.function_name(), node.spec.options.device)?;
+        if node.spec.options.right_shards > 1 {
+            return Ok(Some(plan_sharded(
+                Arc::clone(&node.spec),
+                device,
+                Arc::clone(&physical_inputs[0]),
+                Arc::clone(&physical_inputs[1]),
+                &node.left_vector,
+                &node.right_vector,
+            )?));
+        }
         let exec = SparseJoinExec::try_new(
             Arc::clone(&node.spec),
             device,
