@@ -234,7 +234,7 @@ impl LogicalExtensionCodec for SparseKnnLogicalCodec {
         node: Arc<dyn TableProvider>,
         buf: &mut Vec<u8>,
     ) -> Result<()> {
-        match node.as_any().downcast_ref::<MemTable>() {
+        match node.downcast_ref::<MemTable>() {
             // A table made by CREATE TABLE ... AS (or registered from batches) lives in the
             // client's memory: its rows travel inside the plan, as Arrow IPC.
             Some(table) => {
@@ -410,19 +410,18 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
         buf: &mut Vec<u8>,
         proto_converter: &dyn PhysicalProtoConverterExtension,
     ) -> Result<()> {
-        let any = node.as_any();
-        let value = if let Some(join) = any.downcast_ref::<SparseJoinExec>() {
+        let value = if let Some(join) = node.downcast_ref::<SparseJoinExec>() {
             json!({
                 "node": "join",
                 "spec": spec_to_json(join.spec())?,
                 "left_vector": vector_column(join, join.left(), QUERY_PREFIX)?,
                 "right_vector": vector_column(join, join.right(), NEIGHBOR_PREFIX)?,
             })
-        } else if let Some(exec) = any.downcast_ref::<RowIdExec>() {
+        } else if let Some(exec) = node.downcast_ref::<RowIdExec>() {
             json!({ "node": "row_id", "single": exec.single() })
-        } else if let Some(exec) = any.downcast_ref::<RightShardExec>() {
+        } else if let Some(exec) = node.downcast_ref::<RightShardExec>() {
             json!({ "node": "right_shard", "shard": exec.shard(), "shards": exec.shards() })
-        } else if let Some(exec) = any.downcast_ref::<ShardMergeExec>() {
+        } else if let Some(exec) = node.downcast_ref::<ShardMergeExec>() {
             json!({ "node": "shard_merge", "spec": spec_to_json(exec.spec())? })
         } else {
             buf.push(INNER);

@@ -513,7 +513,7 @@ impl ExecutionPlan for ShardMergeExec {
     fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
         // Every pair of one left row in one partition (a shuffle on Ballista).
         let column = Column::new(self.input.schema().field(self.left_id).name(), self.left_id);
-        vec![datafusion::physical_plan::Distribution::HashPartitioned(
+        vec![datafusion::physical_plan::Distribution::KeyPartitioned(
             vec![Arc::new(column)],
         )]
     }
