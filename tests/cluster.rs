@@ -22,6 +22,9 @@ use datafusion_sparse_knn::session_context;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
+/// The KOS bag-of-words table (3430 documents), as a Parquet table the executors read.
+const KOS: &str = "CREATE EXTERNAL TABLE kos STORED AS PARQUET LOCATION 'data/kos_bow.parquet';";
+
 /// Rows as text cells.
 fn rows(batches: &[RecordBatch]) -> Vec<Vec<String>> {
     let options = FormatOptions::default().with_null("NULL");
@@ -125,9 +128,9 @@ async fn settings_travel_to_the_executors() {
     // executors. With p=3 set on the client, the cluster must answer what the local engine does
     // with p=3, which is not what it does with p=2.
     let query = "SELECT a.doc_id AS a, b.doc_id AS b, sparse_distance(a.vec, b.vec, 'minkowski') AS d \
-                 FROM 'data/kos_bow.parquet' a JOIN 'data/kos_bow.parquet' b ON b.doc_id = a.doc_id + 1 \
+                 FROM kos a JOIN kos b ON b.doc_id = a.doc_id + 1 \
                  WHERE a.doc_id <= 20";
-    let script = |p: &str| format!("SET sparse_knn.p = {p}; {query};");
+    let script = |p: &str| format!("{KOS} SET sparse_knn.p = {p}; {query};");
     let local_p3 = run_script(&session_context(), &script("3")).await;
     let local_p2 = run_script(&session_context(), &script("2")).await;
     assert_ne!(local_p3, local_p2, "p must change the distances");
@@ -136,11 +139,12 @@ async fn settings_travel_to_the_executors() {
     same(&local_p3, &remote_p3).unwrap();
     // knn_join takes its defaults when the client plans it, and they travel in the plan.
     let knn = "SELECT query_doc_id, neighbor_doc_id, distance, rank FROM knn_join(\
-               (SELECT * FROM 'data/kos_bow.parquet' WHERE doc_id <= 50), 'data/kos_bow.parquet', 'minkowski', 3)";
-    let local = run_script(&session_context(), &format!("SET sparse_knn.p = 3; {knn};")).await;
+               (SELECT * FROM kos WHERE doc_id <= 50), kos, 'minkowski', 3)";
+    let local = run_script(&session_context(), &format!("{KOS} SET sparse_knn.p = 3; {knn};")).await;
+    // (`kos` is already registered in the cluster's client session.)
     let remote = run_script(&cluster, &format!("SET sparse_knn.p = 3; {knn};")).await;
     same(&local, &remote).unwrap();
-    let local_p2 = run_script(&session_context(), &format!("{knn};")).await;
+    let local_p2 = run_script(&session_context(), &format!("{KOS} {knn};")).await;
     assert_ne!(local, local_p2);
 }
 
@@ -160,12 +164,11 @@ async fn assert_shards_change_nothing(ctx: &SessionContext, call: &str, shards: 
 async fn sharded_right_side_equals_one_shard() {
     in_root();
     let ctx = session_context();
-    ctx.sql("CREATE TABLE docs AS SELECT doc_id, vec FROM 'data/kos_bow.parquet' WHERE doc_id <= 400")
-        .await
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    run_script(
+        &ctx,
+        &format!("{KOS} CREATE TABLE docs AS SELECT doc_id, vec FROM kos WHERE doc_id <= 400;"),
+    )
+    .await;
     // jaccard on word sets has many exact ties; dot is a similarity (largest first).
     for call in [
         "knn_join(docs, docs, 'jaccard', 7, 'device=cpu OPTIONS')",
@@ -193,12 +196,16 @@ async fn sharded_right_side_equals_one_shard() {
 async fn sharded_right_side_on_a_cluster_equals_the_local_engine() {
     in_root();
     let cluster = standalone_context(2).await.unwrap();
-    let sql = "SELECT query_doc_id, neighbor_doc_id, distance, rank FROM knn_join(\
-               (SELECT * FROM 'data/kos_bow.parquet' WHERE doc_id <= 300), \
-               (SELECT * FROM 'data/kos_bow.parquet' WHERE doc_id <= 600), 'jaccard', 6, 'right_shards=3');";
+    let sql = format!(
+        "{KOS} SELECT query_doc_id, neighbor_doc_id, distance, rank FROM knn_join(\
+         (SELECT * FROM kos WHERE doc_id <= 300), (SELECT * FROM kos WHERE doc_id <= 600), \
+         'jaccard', 6, 'right_shards=3');"
+    );
     let local = run_script(&session_context(), &sql.replace(", 'right_shards=3'", "")).await;
-    let remote = run_script(&cluster, sql).await;
-    assert_eq!(local, remote);
+    let remote = run_script(&cluster, &sql).await;
+    assert!(local == remote, "right_shards=3 on the cluster differs from the local engine");
+    // doc_id runs from 0: 301 left rows, 6 neighbours each.
+    assert_eq!(local.first().map(Vec::len), Some(301 * 6));
 }
 
 // ---- separate processes ----------------------------------------------------------------------
@@ -288,7 +295,7 @@ fn scheduler_and_two_executor_processes_run_the_joins() {
         sql(&[
             "-c",
             &format!(
-                "COPY (SELECT doc_id, vec FROM 'data/kos_bow.parquet' WHERE doc_id % 4 = {i} AND doc_id <= 1600 ORDER BY doc_id) TO '{}' STORED AS PARQUET",
+                "COPY (SELECT doc_id, vec FROM 'data/kos_bow.parquet' WHERE doc_id % 4 = {i} AND doc_id < 1600 ORDER BY doc_id) TO '{}' STORED AS PARQUET",
                 path.display()
             ),
         ]);
@@ -340,8 +347,9 @@ fn scheduler_and_two_executor_processes_run_the_joins() {
     );
     let local = sql(&["--format", "csv", "-c", &knn]);
     let remote = sql(&["--cluster", &url, "--format", "csv", "-c", &knn]);
+    // doc_id runs from 0: 1600 left rows, 5 neighbours each, and a header.
     assert_eq!(local.lines().count(), 1 + 1600 * 5, "{local:.300}");
-    assert_eq!(local, remote, "knn_join on the cluster differs");
+    assert!(local == remote, "knn_join on the cluster differs");
     // Both executors ran tasks of that job (it is one stage: the join over the left side's
     // partitions); each task leaves its shuffle output in its executor's work folder.
     for dir in &work_dirs {
@@ -361,13 +369,24 @@ fn scheduler_and_two_executor_processes_run_the_joins() {
     let remote = sql(&["--cluster", &url, "--format", "csv", "-c", &radius]);
     // Every left row is also a right row (distance 0), so there are more pairs than left rows.
     assert!(local.lines().count() > 1 + 1600, "{local:.300}");
-    assert_eq!(local, remote, "radius_join on the cluster differs");
+    assert!(local == remote, "radius_join on the cluster differs");
     for (dir, before) in work_dirs.iter().zip(&after_knn) {
         assert!(
             files_under(dir).len() > *before,
             "executor with work folder {} ran no task of the radius_join",
             dir.display()
         );
+    }
+    // exclude_self counts row positions over the whole left input (4 files), and right_shards
+    // spreads the right side: both read inputs whole inside a task.
+    for options in ["exclude_self=true", "exclude_self=true, right_shards=3"] {
+        let graph = format!(
+            "SELECT query_doc_id, neighbor_doc_id, distance, rank FROM knn_join('{left}', '{left}', 'cosine', 3, '{options}')"
+        );
+        let local = sql(&["--format", "csv", "-c", &graph]);
+        let remote = sql(&["--cluster", &url, "--format", "csv", "-c", &graph]);
+        assert_eq!(local.lines().count(), 1 + 1600 * 3, "{local:.300}");
+        assert!(local == remote, "knn_join with {options} on the cluster differs");
     }
     drop(procs);
 }

@@ -15,7 +15,7 @@ use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use url::Url;
 
 use super::{
-    parquet_rows, progress_bar, register_location, session, table_rows, writer_properties,
+    parquet_rows, progress_bar, register_location, table_rows, writer_properties,
     CliError, CliResult, Location, OutputFile,
 };
 use crate::options::{DeviceChoice, JoinOptions};
@@ -102,7 +102,7 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     };
     let (left_rows, right_rows) = (local_rows(&left_at)?, local_rows(&right_at)?);
 
-    let ctx = super::on_cluster(session()?, args.cluster.as_deref()).await?;
+    let ctx = super::session_on(&Default::default(), args.cluster.as_deref()).await?;
     register_location(&ctx, "knn_left", &left_at).await?;
     register_location(&ctx, "knn_right", &right_at).await?;
     let left_rows = match left_rows {

@@ -170,19 +170,6 @@ pub struct SessionOptions {
     pub memory_limit: Option<u64>,
 }
 
-/// `ctx`, or with `--cluster df://HOST:PORT` a client of that cluster built from it.
-pub async fn on_cluster(ctx: SessionContext, cluster: Option<&str>) -> CliResult<SessionContext> {
-    match cluster {
-        None => Ok(ctx),
-        #[cfg(feature = "cluster")]
-        Some(url) => cluster::connect(ctx, url).await,
-        #[cfg(not(feature = "cluster"))]
-        Some(url) => cli_bail!(
-            "--cluster {url}: this sparse-knn was built without the `cluster` feature"
-        ),
-    }
-}
-
 /// A session with every sparse-knn function and setting registered.
 pub fn session() -> CliResult<SessionContext> {
     session_with(&SessionOptions::default())
@@ -191,6 +178,29 @@ pub fn session() -> CliResult<SessionContext> {
 /// A session with every sparse-knn function and setting registered, S3 paths readable, and
 /// `options` applied.
 pub fn session_with(options: &SessionOptions) -> CliResult<SessionContext> {
+    Ok(session_parts(options)?.0)
+}
+
+/// A session as [`session_with`] makes it or, with `cluster` (`df://HOST:PORT`), a client of
+/// that Apache Ballista cluster with the same functions, settings and URL tables.
+pub async fn session_on(
+    options: &SessionOptions,
+    cluster: Option<&str>,
+) -> CliResult<SessionContext> {
+    let (ctx, _factory) = session_parts(options)?;
+    let Some(url) = cluster else { return Ok(ctx) };
+    #[cfg(feature = "cluster")]
+    {
+        let ctx = cluster::connect(ctx, url).await?;
+        // The URL-table factory reads files through the session it serves: the new one.
+        _factory.inner().session_store().with_state(ctx.state_weak_ref());
+        Ok(ctx)
+    }
+    #[cfg(not(feature = "cluster"))]
+    cli_bail!("--cluster {url}: this sparse-knn was built without the `cluster` feature")
+}
+
+fn session_parts(options: &SessionOptions) -> CliResult<(SessionContext, Arc<store::UrlTables>)> {
     let config = SessionConfig::new()
         .with_information_schema(true)
         .with_option_extension(crate::options::SparseKnnConfig::default());
@@ -221,7 +231,7 @@ pub fn session_with(options: &SessionOptions) -> CliResult<SessionContext> {
         .session_store()
         .with_state(ctx.state_weak_ref());
     crate::register_all(&ctx)?;
-    Ok(ctx)
+    Ok((ctx, factory))
 }
 
 /// Registers a local or object-store file or folder as table `name` (see [`register_path`]).

@@ -29,7 +29,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde_json::{json, Value};
 
 use crate::planner::{
-    resolve_device, JoinKind, JoinSpec, OptionsSource, RightShardExec, RowIdExec,
+    resolve_device, GatherExec, JoinKind, JoinSpec, OptionsSource, RightShardExec, RowIdExec,
     ShardMergeExec, SparseJoinExec, SparseJoinNode, NEIGHBOR_PREFIX, QUERY_PREFIX,
 };
 
@@ -387,6 +387,7 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
                     &text_field(&value, "right_vector")?,
                 )?))
             }
+            "gather" => Ok(Arc::new(GatherExec::new(input(0)?))),
             "row_id" => Ok(Arc::new(RowIdExec::new(
                 input(0)?,
                 bool_field(&value, "single")?,
@@ -417,6 +418,8 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
                 "left_vector": vector_column(join, join.left(), QUERY_PREFIX)?,
                 "right_vector": vector_column(join, join.right(), NEIGHBOR_PREFIX)?,
             })
+        } else if node.downcast_ref::<GatherExec>().is_some() {
+            json!({ "node": "gather" })
         } else if let Some(exec) = node.downcast_ref::<RowIdExec>() {
             json!({ "node": "row_id", "single": exec.single() })
         } else if let Some(exec) = node.downcast_ref::<RightShardExec>() {

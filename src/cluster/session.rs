@@ -125,7 +125,10 @@ pub async fn remote_context(url: &str, state: SessionState) -> Result<SessionCon
         .with_session_id(session_id)
         .with_config(config)
         .build();
-    SessionContext::remote_with_state(&format!("df://{host}:{port}"), state).await
+    let ctx = SessionContext::remote_with_state(&format!("df://{host}:{port}"), state).await?;
+    // Ballista's client state takes its own list of scalar functions: add ours again.
+    crate::udf::register(&ctx)?;
+    Ok(ctx)
 }
 
 fn codec() -> BallistaCodec {

@@ -36,7 +36,9 @@ use datafusion::prelude::SessionContext;
 pub use dataframe::{knn_join, radius_join};
 pub use exec::SparseJoinExec;
 pub use logical::SparseJoinNode;
-pub use shard::{plan_sharded, RightShardExec, RowIdExec, ShardMergeExec, ROW_ID};
+pub use shard::{
+    gather, plan_sharded, GatherExec, RightShardExec, RowIdExec, ShardMergeExec, ROW_ID,
+};
 pub use spec::{
     find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
     DISTANCE_COLUMN,

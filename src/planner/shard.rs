@@ -72,6 +72,100 @@ fn append_ids(schema: &SchemaRef, batch: &RecordBatch, ids: UInt64Array) -> Resu
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
+/// `plan` as one partition: its partitions read one after the other, in order (which keeps the
+/// row order that ties and `exclude_self` count on, unlike `CoalescePartitionsExec`).
+pub fn gather(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+    if plan.output_partitioning().partition_count() == 1 {
+        plan
+    } else {
+        Arc::new(GatherExec::new(plan))
+    }
+}
+
+/// All partitions of its input, in order, as one partition. An operator that reads a whole
+/// input puts it below itself and asks for `SinglePartition` there, which this satisfies with
+/// no `CoalescePartitionsExec` added; and Apache Ballista then gives every task the whole input
+/// instead of the task's share of its partitions.
+#[derive(Debug)]
+pub struct GatherExec {
+    input: Arc<dyn ExecutionPlan>,
+    cache: Arc<PlanProperties>,
+}
+
+impl GatherExec {
+    pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+        let cache = properties(input.schema(), 1);
+        Self { input, cache }
+    }
+}
+
+impl DisplayAs for GatherExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "GatherExec: {} partitions in order",
+            self.input.output_partitioning().partition_count()
+        )
+    }
+}
+
+impl ExecutionPlan for GatherExec {
+    fn name(&self) -> &str {
+        "GatherExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(Self::new(input))),
+            _ => internal_err!("GatherExec takes one child"),
+        }
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![true]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false]
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("GatherExec has one partition, asked for {partition}");
+        }
+        let input = Arc::clone(&self.input);
+        let stream = futures::stream::iter(0..input.output_partitioning().partition_count())
+            .map(move |p| input.execute(p, Arc::clone(&context)))
+            .try_flatten();
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.input.schema(),
+            stream,
+        )))
+    }
+}
+
 /// Plans a join with `spec.options.right_shards` > 1 over its physical inputs.
 pub fn plan_sharded(
     spec: Arc<JoinSpec>,
@@ -138,6 +232,7 @@ pub struct RowIdExec {
 
 impl RowIdExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, single: bool) -> Self {
+        let input = if single { gather(input) } else { input };
         let schema = with_row_id(&input.schema());
         let partitions = if single {
             1
@@ -156,6 +251,15 @@ impl RowIdExec {
     pub fn single(&self) -> bool {
         self.single
     }
+}
+
+fn whole_input_if(whole: bool) -> Vec<datafusion::physical_plan::Distribution> {
+    use datafusion::physical_plan::Distribution;
+    vec![if whole {
+        Distribution::SinglePartition
+    } else {
+        Distribution::UnspecifiedDistribution
+    }]
 }
 
 impl DisplayAs for RowIdExec {
@@ -192,6 +296,10 @@ impl ExecutionPlan for RowIdExec {
             Some(input) if children.is_empty() => Ok(Arc::new(Self::new(input, self.single))),
             _ => internal_err!("RowIdExec takes one child"),
         }
+    }
+
+    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
+        whole_input_if(self.single)
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
@@ -250,6 +358,7 @@ pub struct RightShardExec {
 
 impl RightShardExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, shard: usize, shards: usize) -> Self {
+        let input = gather(input);
         let schema = with_row_id(&input.schema());
         let cache = properties(Arc::clone(&schema), 1);
         Self {
@@ -306,6 +415,10 @@ impl ExecutionPlan for RightShardExec {
             }
             _ => internal_err!("RightShardExec takes one child"),
         }
+    }
+
+    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
+        whole_input_if(true)
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
