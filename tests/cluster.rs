@@ -116,7 +116,10 @@ async fn sql_examples_on_a_standalone_cluster_equal_the_local_engine() {
         let remote = run_script(&cluster, &text).await;
         assert!(!local.is_empty(), "{}: no query results", file.display());
         if let Err(e) = same(&local, &remote) {
-            panic!("{}: the cluster differs from the local engine: {e}", file.display());
+            panic!(
+                "{}: the cluster differs from the local engine: {e}",
+                file.display()
+            );
         }
     }
 }
@@ -127,7 +130,8 @@ async fn settings_travel_to_the_executors() {
     // sparse_distance reads its defaults from the session config where it runs: on the
     // executors. With p=3 set on the client, the cluster must answer what the local engine does
     // with p=3, which is not what it does with p=2.
-    let query = "SELECT a.doc_id AS a, b.doc_id AS b, sparse_distance(a.vec, b.vec, 'minkowski') AS d \
+    let query =
+        "SELECT a.doc_id AS a, b.doc_id AS b, sparse_distance(a.vec, b.vec, 'minkowski') AS d \
                  FROM kos a JOIN kos b ON b.doc_id = a.doc_id + 1 \
                  WHERE a.doc_id <= 20";
     let script = |p: &str| format!("{KOS} SET sparse_knn.p = {p}; {query};");
@@ -140,7 +144,11 @@ async fn settings_travel_to_the_executors() {
     // knn_join takes its defaults when the client plans it, and they travel in the plan.
     let knn = "SELECT query_doc_id, neighbor_doc_id, distance, rank FROM knn_join(\
                (SELECT * FROM kos WHERE doc_id <= 50), kos, 'minkowski', 3)";
-    let local = run_script(&session_context(), &format!("{KOS} SET sparse_knn.p = 3; {knn};")).await;
+    let local = run_script(
+        &session_context(),
+        &format!("{KOS} SET sparse_knn.p = 3; {knn};"),
+    )
+    .await;
     // (`kos` is already registered in the cluster's client session.)
     let remote = run_script(&cluster, &format!("SET sparse_knn.p = 3; {knn};")).await;
     same(&local, &remote).unwrap();
@@ -151,9 +159,7 @@ async fn settings_travel_to_the_executors() {
 /// The same join with and without `right_shards`: identical rows (distances to the bit, ranks,
 /// ties in right-row order).
 async fn assert_shards_change_nothing(ctx: &SessionContext, call: &str, shards: usize) {
-    let sql = |options: &str| {
-        format!("SELECT * FROM {}", call.replace("OPTIONS", options))
-    };
+    let sql = |options: &str| format!("SELECT * FROM {}", call.replace("OPTIONS", options));
     let one = run_script(ctx, &sql("")).await;
     let many = run_script(ctx, &sql(&format!(", right_shards={shards}"))).await;
     assert!(!one.is_empty() && !one[0].is_empty(), "{call}: no rows");
@@ -189,7 +195,10 @@ async fn sharded_right_side_equals_one_shard() {
     )
     .await;
     let text = format!("{plan:?}");
-    assert!(text.contains("ShardMergeExec") && text.contains("RightShardExec: shard=2 of 3"), "{text}");
+    assert!(
+        text.contains("ShardMergeExec") && text.contains("RightShardExec: shard=2 of 3"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,7 +212,10 @@ async fn sharded_right_side_on_a_cluster_equals_the_local_engine() {
     );
     let local = run_script(&session_context(), &sql.replace(", 'right_shards=3'", "")).await;
     let remote = run_script(&cluster, &sql).await;
-    assert!(local == remote, "right_shards=3 on the cluster differs from the local engine");
+    assert!(
+        local == remote,
+        "right_shards=3 on the cluster differs from the local engine"
+    );
     // doc_id runs from 0: 301 left rows, 6 neighbours each.
     assert_eq!(local.first().map(Vec::len), Some(301 * 6));
 }
@@ -303,7 +315,11 @@ fn scheduler_and_two_executor_processes_run_the_joins() {
     let scheduler_port = free_port();
     let mut procs = Processes(Vec::new());
     let scheduler = bin()
-        .args(["scheduler", "--bind", &format!("127.0.0.1:{scheduler_port}")])
+        .args([
+            "scheduler",
+            "--bind",
+            &format!("127.0.0.1:{scheduler_port}"),
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -386,7 +402,10 @@ fn scheduler_and_two_executor_processes_run_the_joins() {
         let local = sql(&["--format", "csv", "-c", &graph]);
         let remote = sql(&["--cluster", &url, "--format", "csv", "-c", &graph]);
         assert_eq!(local.lines().count(), 1 + 1600 * 3, "{local:.300}");
-        assert!(local == remote, "knn_join with {options} on the cluster differs");
+        assert!(
+            local == remote,
+            "knn_join with {options} on the cluster differs"
+        );
     }
     drop(procs);
 }
@@ -396,7 +415,13 @@ fn unreachable_scheduler_is_a_one_line_error() {
     let port = free_port();
     let start = Instant::now();
     let out = bin()
-        .args(["sql", "--cluster", &format!("df://127.0.0.1:{port}"), "-c", "SELECT 1"])
+        .args([
+            "sql",
+            "--cluster",
+            &format!("df://127.0.0.1:{port}"),
+            "-c",
+            "SELECT 1",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());

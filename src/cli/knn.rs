@@ -15,8 +15,8 @@ use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use url::Url;
 
 use super::{
-    parquet_rows, progress_bar, register_location, table_rows, writer_properties,
-    CliError, CliResult, Location, OutputFile,
+    parquet_rows, progress_bar, register_location, table_rows, writer_properties, CliError,
+    CliResult, Location, OutputFile,
 };
 use crate::options::{DeviceChoice, JoinOptions};
 

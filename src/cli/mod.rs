@@ -193,7 +193,10 @@ pub async fn session_on(
     {
         let ctx = cluster::connect(ctx, url).await?;
         // The URL-table factory reads files through the session it serves: the new one.
-        _factory.inner().session_store().with_state(ctx.state_weak_ref());
+        _factory
+            .inner()
+            .session_store()
+            .with_state(ctx.state_weak_ref());
         Ok(ctx)
     }
     #[cfg(not(feature = "cluster"))]

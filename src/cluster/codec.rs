@@ -1,6 +1,6 @@
 //! Serialisation of this crate's plan nodes for Apache Ballista: the logical `KnnJoin` /
-//! `RadiusJoin` node, the physical `KnnJoinExec` / `RadiusJoinExec` and the shard operators of
-//! `right_shards`, the scalar functions, and in-memory tables (`CREATE TABLE ... AS` results).
+//! `RadiusJoin` node, the physical `KnnJoinExec` / `RadiusJoinExec`, `GatherExec` and the sharded
+//! join of `right_shards`, the scalar functions, and in-memory tables (`CREATE TABLE ... AS` results).
 //!
 //! A join's options travel as the text they were parsed from ([`OptionsSource`]: the session's
 //! `sparse_knn.*` settings, then the options strings), parsed again on the other side by the
@@ -29,8 +29,8 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use serde_json::{json, Value};
 
 use crate::planner::{
-    resolve_device, GatherExec, JoinKind, JoinSpec, OptionsSource, RightShardExec, RowIdExec,
-    ShardMergeExec, SparseJoinExec, SparseJoinNode, NEIGHBOR_PREFIX, QUERY_PREFIX,
+    resolve_device, GatherExec, JoinKind, JoinSpec, OptionsSource, ShardedJoinExec, SparseJoinExec,
+    SparseJoinNode, NEIGHBOR_PREFIX, QUERY_PREFIX,
 };
 
 /// Tag of a buffer written by this codec.
@@ -79,12 +79,6 @@ fn u64_field(value: &Value, key: &str) -> Result<u64> {
     field(value, key)?
         .as_u64()
         .ok_or_else(|| codec_err(format!("field '{key}' is not a whole number")))
-}
-
-fn bool_field(value: &Value, key: &str) -> Result<bool> {
-    field(value, key)?
-        .as_bool()
-        .ok_or_else(|| codec_err(format!("field '{key}' is not a boolean")))
 }
 
 /// A join spec as JSON: kind, metric name and the options' source text.
@@ -337,7 +331,11 @@ pub struct SparseKnnPhysicalCodec {
 
 /// The name of an input's vector column: the one input column that the output does not copy
 /// (every other column `c` is copied as `<prefix>c`).
-fn vector_column(exec: &SparseJoinExec, input: &Arc<dyn ExecutionPlan>, prefix: &str) -> Result<String> {
+fn vector_column(
+    exec: &SparseJoinExec,
+    input: &Arc<dyn ExecutionPlan>,
+    prefix: &str,
+) -> Result<String> {
     let output = exec.schema();
     let missing: Vec<String> = input
         .schema()
@@ -348,9 +346,7 @@ fn vector_column(exec: &SparseJoinExec, input: &Arc<dyn ExecutionPlan>, prefix: 
         .collect();
     match missing.as_slice() {
         [one] => Ok(one.clone()),
-        _ => internal_err!(
-            "sparse-knn codec: cannot tell the vector column among {missing:?}"
-        ),
+        _ => internal_err!("sparse-knn codec: cannot tell the vector column among {missing:?}"),
     }
 }
 
@@ -369,7 +365,11 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
         let value = read_json(rest)?;
         let input = |i: usize| {
             inputs.get(i).cloned().ok_or_else(|| {
-                codec_err(format!("operator has {} inputs, wanted {}", inputs.len(), i + 1))
+                codec_err(format!(
+                    "operator has {} inputs, wanted {}",
+                    inputs.len(),
+                    i + 1
+                ))
             })
         };
         match text_field(&value, "node")?.as_str() {
@@ -388,19 +388,18 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
                 )?))
             }
             "gather" => Ok(Arc::new(GatherExec::new(input(0)?))),
-            "row_id" => Ok(Arc::new(RowIdExec::new(
-                input(0)?,
-                bool_field(&value, "single")?,
-            ))),
-            "right_shard" => Ok(Arc::new(RightShardExec::new(
-                input(0)?,
-                u64_field(&value, "shard")? as usize,
-                u64_field(&value, "shards")? as usize,
-            ))),
-            "shard_merge" => Ok(Arc::new(ShardMergeExec::try_new(
-                input(0)?,
-                Arc::new(spec_from_json(field(&value, "spec")?)?),
-            )?)),
+            "sharded_join" => {
+                let spec = Arc::new(spec_from_json(field(&value, "spec")?)?);
+                let device = resolve_device(spec.function_name(), spec.options.device)?;
+                Ok(Arc::new(ShardedJoinExec::try_new(
+                    spec,
+                    device,
+                    input(0)?,
+                    input(1)?,
+                    text_field(&value, "left_vector")?,
+                    text_field(&value, "right_vector")?,
+                )?))
+            }
             other => Err(codec_err(format!("unknown operator '{other}'"))),
         }
     }
@@ -420,12 +419,14 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
             })
         } else if node.downcast_ref::<GatherExec>().is_some() {
             json!({ "node": "gather" })
-        } else if let Some(exec) = node.downcast_ref::<RowIdExec>() {
-            json!({ "node": "row_id", "single": exec.single() })
-        } else if let Some(exec) = node.downcast_ref::<RightShardExec>() {
-            json!({ "node": "right_shard", "shard": exec.shard(), "shards": exec.shards() })
-        } else if let Some(exec) = node.downcast_ref::<ShardMergeExec>() {
-            json!({ "node": "shard_merge", "spec": spec_to_json(exec.spec())? })
+        } else if let Some(exec) = node.downcast_ref::<ShardedJoinExec>() {
+            let (left_vector, right_vector) = exec.vectors();
+            json!({
+                "node": "sharded_join",
+                "spec": spec_to_json(exec.spec())?,
+                "left_vector": left_vector,
+                "right_vector": right_vector,
+            })
         } else {
             buf.push(INNER);
             return self.inner.try_encode(node, buf, proto_converter);

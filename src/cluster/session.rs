@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use ballista::prelude::{SessionConfigExt, SessionContextExt};
 use ballista_core::registry::BallistaFunctionRegistry;
+use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::BallistaCodec;
 use ballista_core::RuntimeProducer;
-use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use datafusion::common::{DataFusionError, Result};
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
@@ -34,7 +34,12 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// `config` made fit for the cluster: Ballista's settings, the `sparse_knn.*` settings (kept when
 /// already there) and this crate's codecs.
 pub fn upgrade_for_cluster(config: SessionConfig) -> SessionConfig {
-    let config = if config.options().extensions.get::<SparseKnnConfig>().is_none() {
+    let config = if config
+        .options()
+        .extensions
+        .get::<SparseKnnConfig>()
+        .is_none()
+    {
         config.with_option_extension(SparseKnnConfig::default())
     } else {
         config
@@ -162,7 +167,9 @@ pub async fn standalone_context(concurrency: usize) -> Result<SessionContext> {
     let scheduler = tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
         .map_err(|_| {
-            DataFusionError::Configuration(format!("the in-process scheduler at {url} does not answer"))
+            DataFusionError::Configuration(format!(
+                "the in-process scheduler at {url} does not answer"
+            ))
         })?;
     let scheduler = scheduler
         .max_decoding_message_size(MAX_MESSAGE_BYTES)

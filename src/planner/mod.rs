@@ -37,12 +37,12 @@ pub use dataframe::{knn_join, radius_join};
 pub use exec::SparseJoinExec;
 pub use logical::SparseJoinNode;
 pub use shard::{
-    gather, plan_sharded, GatherExec, RightShardExec, RowIdExec, ShardMergeExec, ROW_ID,
+    gather, plan_sharded, GatherExec, PartitionExec, RightShardExec, RowIdExec, ShardMergeExec,
+    ShardedJoinExec, ROW_ID,
 };
 pub use spec::{
     find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
-    DISTANCE_COLUMN,
-    NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
+    DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
 };
 pub use sql::SparseJoinRelationPlanner;
 pub use udtf::SparseJoinFunction;

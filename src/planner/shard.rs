@@ -3,19 +3,24 @@
 //! the per-shard answers merged per left row.
 //!
 //! ```text
-//! ShardMergeExec                      per left row: drop self pairs, order by (distance, right
-//!   RepartitionExec(hash(left row))     row), keep k, rank again; a shuffle on Ballista
-//!     UnionExec
-//!       KnnJoinExec(RowIdExec(left), RightShardExec(right, 0, N))
+//! ShardedJoinExec (one output partition per left partition; runs, in each, the plan:)
+//!   ShardMergeExec                    per left row: drop self pairs, order by (distance, right
+//!     UnionExec                         row), keep k, rank again
+//!       KnnJoinExec(RowIdExec(PartitionExec(left, p)), RightShardExec(right, 0, N))
 //!       ...
-//!       KnnJoinExec(RowIdExec(left), RightShardExec(right, N-1, N))
+//!       KnnJoinExec(RowIdExec(PartitionExec(left, p)), RightShardExec(right, N-1, N))
 //! ```
 //!
+//! The per-shard plans are built inside the task (a distributed engine sees one operator), and
+//! the shards run one after another, so a task holds one shard's index at a time. (A plan with
+//! one Ballista stage per shard and a shuffle before the merge was tried: Ballista 55 routed a
+//! stage's union of one-partition joins wrongly, duplicating one shard and losing another.)
+//!
 //! Row ids travel as a hidden column [`ROW_ID`] on both inputs (copied to the join's output as
-//! `query___sknn_row` / `neighbor___sknn_row`): the right side's is the global row position, so
-//! the merge breaks ties by the right side's row order exactly as one build does. With
-//! `exclude_self`, the left side is numbered globally too (one partition, as the unsharded
-//! operator does), each shard joins without the exclusion and with k + 1, and the merge drops
+//! `query___sknn_row` / `neighbor___sknn_row`): global row positions, so the merge breaks ties
+//! by the right side's row order exactly as one build does; left ids are positions within the
+//! task's left partition (all of the left side under `exclude_self`, so global there). With
+//! `exclude_self`, each shard joins without the exclusion and with k + 1, and the merge drops
 //! the pairs whose two positions are equal.
 
 use std::fmt;
@@ -33,7 +38,6 @@ use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
-use datafusion::physical_plan::repartition::RepartitionExec;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::union::UnionExec;
 use datafusion::physical_plan::{
@@ -47,9 +51,6 @@ use super::spec::{Device, JoinKind, JoinSpec, NEIGHBOR_PREFIX, QUERY_PREFIX, RAN
 
 /// The hidden row-id column added to both inputs of a sharded join.
 pub const ROW_ID: &str = "__sknn_row";
-
-/// Bits of a left row id that count rows within a partition (the rest is the partition).
-const ROW_BITS: u32 = 40;
 
 fn properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(
@@ -175,81 +176,294 @@ pub fn plan_sharded(
     left_vector: &str,
     right_vector: &str,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let shards = spec.options.right_shards;
-    let exclude_self = spec.options.exclude_self;
-    // Each shard's join: no exclusion (done by the merge on global positions), one more
-    // neighbour when the merge may drop a self pair, one shard.
-    let kind = match spec.kind {
-        JoinKind::Knn { k } => JoinKind::Knn {
-            k: k + usize::from(exclude_self),
-        },
-        radius => radius,
-    };
-    let source = spec
-        .source
-        .clone()
-        .with_text("exclude_self=false, right_shards=1");
-    let shard_spec = Arc::new(JoinSpec::parse(kind, spec.metric.name(), source)?);
-    let left: Arc<dyn ExecutionPlan> = Arc::new(RowIdExec::new(left, exclude_self));
-    let joins = (0..shards)
-        .map(|shard| {
-            let right: Arc<dyn ExecutionPlan> =
-                Arc::new(RightShardExec::new(Arc::clone(&right), shard, shards));
-            let join = SparseJoinExec::try_new(
-                Arc::clone(&shard_spec),
-                device,
-                Arc::clone(&left),
-                right,
-                left_vector,
-                right_vector,
-            )?;
-            Ok(Arc::new(join) as Arc<dyn ExecutionPlan>)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let partitions = left.output_partitioning().partition_count().max(1);
-    let union = UnionExec::try_new(joins)?;
-    let key = format!("{QUERY_PREFIX}{ROW_ID}");
-    let index = union.schema().index_of(&key)?;
-    let hashed = Arc::new(RepartitionExec::try_new(
-        union,
-        Partitioning::Hash(
-            vec![Arc::new(Column::new(&key, index)) as Arc<dyn PhysicalExpr>],
-            partitions,
-        ),
-    )?);
-    Ok(Arc::new(ShardMergeExec::try_new(hashed, spec)?))
+    Ok(Arc::new(ShardedJoinExec::try_new(
+        spec,
+        device,
+        left,
+        right,
+        left_vector.to_string(),
+        right_vector.to_string(),
+    )?))
 }
 
-/// Appends [`ROW_ID`] to the left input: `(partition << 40) | row`, or with `single` the global
-/// row position over all partitions in order (one output partition).
+/// A join whose right side is split into `right_shards` shards. Each output partition is one
+/// left partition (all of the left side under `exclude_self`), joined with every shard in turn
+/// (one shard's index in memory at a time) and merged per left row. The per-shard plans are
+/// built when a partition runs, inside its task, so that a distributed engine sees one operator
+/// partitioned like the left side.
+#[derive(Debug)]
+pub struct ShardedJoinExec {
+    spec: Arc<JoinSpec>,
+    device: Device,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    left_vector: String,
+    right_vector: String,
+    schema: SchemaRef,
+    cache: Arc<PlanProperties>,
+}
+
+impl ShardedJoinExec {
+    pub fn try_new(
+        spec: Arc<JoinSpec>,
+        device: Device,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        left_vector: String,
+        right_vector: String,
+    ) -> Result<Self> {
+        let left = if spec.options.exclude_self {
+            gather(left)
+        } else {
+            left
+        };
+        let right = gather(right);
+        let mut this = Self {
+            spec,
+            device,
+            left,
+            right,
+            left_vector,
+            right_vector,
+            schema: Arc::new(Schema::empty()),
+            cache: properties(Arc::new(Schema::empty()), 1),
+        };
+        this.schema = this.merge_plan(0)?.schema();
+        this.cache = properties(
+            Arc::clone(&this.schema),
+            this.left.output_partitioning().partition_count(),
+        );
+        Ok(this)
+    }
+
+    pub fn spec(&self) -> &JoinSpec {
+        &self.spec
+    }
+
+    pub fn vectors(&self) -> (&str, &str) {
+        (&self.left_vector, &self.right_vector)
+    }
+
+    /// Left partition `partition` joined with each shard, under the merge.
+    fn merge_plan(&self, partition: usize) -> Result<ShardMergeExec> {
+        let spec = &self.spec;
+        let shards = spec.options.right_shards;
+        // Each shard's join: no exclusion (done by the merge on global positions), one more
+        // neighbour when the merge may drop a self pair, one shard.
+        let kind = match spec.kind {
+            JoinKind::Knn { k } => JoinKind::Knn {
+                k: k + usize::from(spec.options.exclude_self),
+            },
+            radius => radius,
+        };
+        let source = spec
+            .source
+            .clone()
+            .with_text("exclude_self=false, right_shards=1");
+        let shard_spec = Arc::new(JoinSpec::parse(kind, spec.metric.name(), source)?);
+        let left: Arc<dyn ExecutionPlan> = Arc::new(RowIdExec::new(Arc::new(PartitionExec::new(
+            Arc::clone(&self.left),
+            partition,
+        ))));
+        let joins = (0..shards)
+            .map(|shard| {
+                let right: Arc<dyn ExecutionPlan> =
+                    Arc::new(RightShardExec::new(Arc::clone(&self.right), shard, shards));
+                let join = SparseJoinExec::try_new(
+                    Arc::clone(&shard_spec),
+                    self.device,
+                    Arc::clone(&left),
+                    right,
+                    &self.left_vector,
+                    &self.right_vector,
+                )?;
+                Ok(Arc::new(join) as Arc<dyn ExecutionPlan>)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        ShardMergeExec::try_new(UnionExec::try_new(joins)?, Arc::clone(spec))
+    }
+}
+
+impl DisplayAs for ShardedJoinExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(
+            f,
+            "{}: {}, device={}, right_shards={}",
+            match self.spec.kind {
+                JoinKind::Knn { .. } => "ShardedKnnJoinExec",
+                JoinKind::Radius { .. } => "ShardedRadiusJoinExec",
+            },
+            self.spec,
+            self.device,
+            self.spec.options.right_shards
+        )
+    }
+}
+
+impl ExecutionPlan for ShardedJoinExec {
+    fn name(&self) -> &str {
+        "ShardedJoinExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left, &self.right]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 2 {
+            return internal_err!("ShardedJoinExec takes two children");
+        }
+        let right = children.pop().expect("two");
+        let left = children.pop().expect("two");
+        Ok(Arc::new(Self::try_new(
+            Arc::clone(&self.spec),
+            self.device,
+            left,
+            right,
+            self.left_vector.clone(),
+            self.right_vector.clone(),
+        )?))
+    }
+
+    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
+        let mut d = whole_input_if(self.spec.options.exclude_self);
+        d.extend(whole_input_if(true));
+        d
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let merge = self.merge_plan(partition)?;
+        let union = Arc::clone(&merge.input);
+        let in_schema = union.schema();
+        let stream = futures::stream::once(async move {
+            // Shard after shard: one shard's index in memory at a time.
+            let mut batches = Vec::new();
+            for p in 0..union.output_partitioning().partition_count() {
+                let part: Vec<RecordBatch> = union
+                    .execute(p, Arc::clone(&context))?
+                    .try_collect()
+                    .await?;
+                batches.extend(part);
+            }
+            let all = concat_batches(&in_schema, &batches)?;
+            merge.merge(all)
+        });
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            stream,
+        )))
+    }
+}
+
+/// One partition of its input, as a one-partition plan.
+#[derive(Debug)]
+pub struct PartitionExec {
+    input: Arc<dyn ExecutionPlan>,
+    partition: usize,
+    cache: Arc<PlanProperties>,
+}
+
+impl PartitionExec {
+    pub fn new(input: Arc<dyn ExecutionPlan>, partition: usize) -> Self {
+        let cache = properties(input.schema(), 1);
+        Self {
+            input,
+            partition,
+            cache,
+        }
+    }
+}
+
+impl DisplayAs for PartitionExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        write!(f, "PartitionExec: partition={}", self.partition)
+    }
+}
+
+impl ExecutionPlan for PartitionExec {
+    fn name(&self) -> &str {
+        "PartitionExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.input]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        match children.pop() {
+            Some(input) if children.is_empty() => Ok(Arc::new(Self::new(input, self.partition))),
+            _ => internal_err!("PartitionExec takes one child"),
+        }
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        if partition != 0 {
+            return internal_err!("PartitionExec has one partition, asked for {partition}");
+        }
+        self.input.execute(self.partition, context)
+    }
+}
+
+/// Appends [`ROW_ID`] to the left input: the global row position over all its partitions in
+/// order (one output partition). A partition index would not do: Ballista runs each task on a
+/// plan restricted to the task's partitions, renumbered from 0.
 #[derive(Debug)]
 pub struct RowIdExec {
     input: Arc<dyn ExecutionPlan>,
-    single: bool,
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
 }
 
 impl RowIdExec {
-    pub fn new(input: Arc<dyn ExecutionPlan>, single: bool) -> Self {
-        let input = if single { gather(input) } else { input };
+    pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
+        let input = gather(input);
         let schema = with_row_id(&input.schema());
-        let partitions = if single {
-            1
-        } else {
-            input.output_partitioning().partition_count()
-        };
-        let cache = properties(Arc::clone(&schema), partitions);
+        let cache = properties(Arc::clone(&schema), 1);
         Self {
             input,
-            single,
             schema,
             cache,
         }
-    }
-
-    pub fn single(&self) -> bool {
-        self.single
     }
 }
 
@@ -264,7 +478,7 @@ fn whole_input_if(whole: bool) -> Vec<datafusion::physical_plan::Distribution> {
 
 impl DisplayAs for RowIdExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "RowIdExec: single={}", self.single)
+        write!(f, "RowIdExec")
     }
 }
 
@@ -293,13 +507,13 @@ impl ExecutionPlan for RowIdExec {
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
         match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(Self::new(input, self.single))),
+            Some(input) if children.is_empty() => Ok(Arc::new(Self::new(input))),
             _ => internal_err!("RowIdExec takes one child"),
         }
     }
 
     fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
-        whole_input_if(self.single)
+        whole_input_if(true)
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
@@ -315,19 +529,13 @@ impl ExecutionPlan for RowIdExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let parts: Vec<usize> = if self.single {
-            (0..self.input.output_partitioning().partition_count()).collect()
-        } else {
-            vec![partition]
-        };
-        let base = if self.single {
-            0
-        } else {
-            (partition as u64) << ROW_BITS
-        };
+        if partition != 0 {
+            return internal_err!("RowIdExec has one partition, asked for {partition}");
+        }
+        let parts = 0..self.input.output_partitioning().partition_count();
         let input = Arc::clone(&self.input);
         let schema = Arc::clone(&self.schema);
-        let mut next = base;
+        let mut next = 0u64;
         let stream = futures::stream::iter(parts)
             .map(move |p| input.execute(p, Arc::clone(&context)))
             .try_flatten()
