@@ -196,7 +196,7 @@ async fn sharded_right_side_equals_one_shard() {
     .await;
     let text = format!("{plan:?}");
     assert!(
-        text.contains("ShardMergeExec") && text.contains("RightShardExec: shard=2 of 3"),
+        text.contains("ShardedKnnJoinExec") && text.contains("right_shards=3"),
         "{text}"
     );
 }

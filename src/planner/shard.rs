@@ -34,6 +34,7 @@ use arrow::compute::{concat_batches, filter_record_batch, take};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, UInt64Type};
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::datasource::memory::MemorySourceConfig;
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::expressions::Column;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -201,7 +202,16 @@ pub struct ShardedJoinExec {
     right_vector: String,
     schema: SchemaRef,
     cache: Arc<PlanProperties>,
+    /// The right side's batches, read once (by the first partition to run) for all partitions.
+    right_batches: std::sync::Mutex<Option<SharedBatches>>,
 }
+
+type SharedBatches = futures::future::Shared<
+    futures::future::BoxFuture<
+        'static,
+        std::result::Result<Arc<Vec<RecordBatch>>, Arc<DataFusionError>>,
+    >,
+>;
 
 impl ShardedJoinExec {
     pub fn try_new(
@@ -227,8 +237,13 @@ impl ShardedJoinExec {
             right_vector,
             schema: Arc::new(Schema::empty()),
             cache: properties(Arc::new(Schema::empty()), 1),
+            right_batches: std::sync::Mutex::new(None),
         };
-        this.schema = this.merge_plan(0)?.schema();
+        let left_part: Arc<dyn ExecutionPlan> =
+            Arc::new(PartitionExec::new(Arc::clone(&this.left), 0));
+        this.schema = this
+            .merge_plan(left_part, Arc::clone(&this.right))?
+            .schema();
         this.cache = properties(
             Arc::clone(&this.schema),
             this.left.output_partitioning().partition_count(),
@@ -244,8 +259,13 @@ impl ShardedJoinExec {
         (&self.left_vector, &self.right_vector)
     }
 
-    /// Left partition `partition` joined with each shard, under the merge.
-    fn merge_plan(&self, partition: usize) -> Result<ShardMergeExec> {
+    /// One left partition (`left`, one partition) joined with each shard of `right` (one
+    /// partition), under the merge. Both are executed once per shard.
+    fn merge_plan(
+        &self,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<ShardMergeExec> {
         let spec = &self.spec;
         let shards = spec.options.right_shards;
         // Each shard's join: no exclusion (done by the merge on global positions), one more
@@ -261,14 +281,11 @@ impl ShardedJoinExec {
             .clone()
             .with_text("exclude_self=false, right_shards=1");
         let shard_spec = Arc::new(JoinSpec::parse(kind, spec.metric.name(), source)?);
-        let left: Arc<dyn ExecutionPlan> = Arc::new(RowIdExec::new(Arc::new(PartitionExec::new(
-            Arc::clone(&self.left),
-            partition,
-        ))));
+        let left: Arc<dyn ExecutionPlan> = Arc::new(RowIdExec::new(left));
         let joins = (0..shards)
             .map(|shard| {
                 let right: Arc<dyn ExecutionPlan> =
-                    Arc::new(RightShardExec::new(Arc::clone(&self.right), shard, shards));
+                    Arc::new(RightShardExec::new(Arc::clone(&right), shard, shards));
                 let join = SparseJoinExec::try_new(
                     Arc::clone(&shard_spec),
                     self.device,
@@ -354,10 +371,46 @@ impl ExecutionPlan for ShardedJoinExec {
         partition: usize,
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
-        let merge = self.merge_plan(partition)?;
-        let union = Arc::clone(&merge.input);
-        let in_schema = union.schema();
+        // The inputs are read once, here, and kept: a plan may not be executed twice (a
+        // repartition under it could deal rows differently the second time).
+        use futures::FutureExt;
+        let left = self.left.execute(partition, Arc::clone(&context))?;
+        let right = {
+            let mut slot = self.right_batches.lock().unwrap_or_else(|p| p.into_inner());
+            match slot.as_ref() {
+                Some(shared) => shared.clone(),
+                None => {
+                    let stream = self.right.execute(0, Arc::clone(&context))?;
+                    let shared = async move {
+                        let batches: Vec<RecordBatch> = stream.try_collect().await?;
+                        Ok(Arc::new(batches))
+                    }
+                    .map(|r: Result<_>| r.map_err(Arc::new))
+                    .boxed()
+                    .shared();
+                    *slot = Some(shared.clone());
+                    shared
+                }
+            }
+        };
+        let (left_schema, right_schema) = (self.left.schema(), self.right.schema());
+        let this = Self::try_new(
+            Arc::clone(&self.spec),
+            self.device,
+            Arc::clone(&self.left),
+            Arc::clone(&self.right),
+            self.left_vector.clone(),
+            self.right_vector.clone(),
+        )?;
         let stream = futures::stream::once(async move {
+            let left: Vec<RecordBatch> = left.try_collect().await?;
+            let right = right.await.map_err(DataFusionError::Shared)?;
+            let right = right.as_ref().clone();
+            let left = MemorySourceConfig::try_new_exec(&[left], left_schema, None)?;
+            let right = MemorySourceConfig::try_new_exec(&[right], right_schema, None)?;
+            let merge = this.merge_plan(left, right)?;
+            let union = Arc::clone(&merge.input);
+            let in_schema = union.schema();
             // Shard after shard: one shard's index in memory at a time.
             let mut batches = Vec::new();
             for p in 0..union.output_partitioning().partition_count() {
