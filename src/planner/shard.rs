@@ -6,9 +6,9 @@
 //! ShardedJoinExec (one output partition per left partition; runs, in each, the plan:)
 //!   ShardMergeExec                    per left row: drop self pairs, order by (distance, right
 //!     UnionExec                         row), keep k, rank again
-//!       KnnJoinExec(RowIdExec(PartitionExec(left, p)), RightShardExec(right, 0, N))
+//!       KnnJoinExec(ShardExec(left partition p, 0, 1), ShardExec(right, 0, N))
 //!       ...
-//!       KnnJoinExec(RowIdExec(PartitionExec(left, p)), RightShardExec(right, N-1, N))
+//!       KnnJoinExec(ShardExec(left partition p, 0, 1), ShardExec(right, N-1, N))
 //! ```
 //!
 //! The per-shard plans are built inside the task (a distributed engine sees one operator), and
@@ -52,6 +52,31 @@ use super::spec::{Device, JoinKind, JoinSpec, NEIGHBOR_PREFIX, QUERY_PREFIX, RAN
 
 /// The hidden row-id column added to both inputs of a sharded join.
 pub const ROW_ID: &str = "__sknn_row";
+
+/// `name`, `properties`, `children` and `apply_expressions` of an operator with one `input` and
+/// a `cache` of its properties (and no expressions).
+macro_rules! one_input_plan {
+    ($name:literal) => {
+        fn name(&self) -> &str {
+            $name
+        }
+
+        fn properties(&self) -> &Arc<PlanProperties> {
+            &self.cache
+        }
+
+        fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+            vec![&self.input]
+        }
+
+        fn apply_expressions(
+            &self,
+            _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+        ) -> Result<TreeNodeRecursion> {
+            Ok(TreeNodeRecursion::Continue)
+        }
+    };
+}
 
 fn properties(schema: SchemaRef, partitions: usize) -> Arc<PlanProperties> {
     Arc::new(PlanProperties::new(
@@ -112,24 +137,7 @@ impl DisplayAs for GatherExec {
 }
 
 impl ExecutionPlan for GatherExec {
-    fn name(&self) -> &str {
-        "GatherExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_plan!("GatherExec");
 
     fn with_new_children(
         self: Arc<Self>,
@@ -281,11 +289,11 @@ impl ShardedJoinExec {
             .clone()
             .with_text("exclude_self=false, right_shards=1");
         let shard_spec = Arc::new(JoinSpec::parse(kind, spec.metric.name(), source)?);
-        let left: Arc<dyn ExecutionPlan> = Arc::new(RowIdExec::new(left));
+        let left: Arc<dyn ExecutionPlan> = Arc::new(ShardExec::new(left, 0, 1));
         let joins = (0..shards)
             .map(|shard| {
                 let right: Arc<dyn ExecutionPlan> =
-                    Arc::new(RightShardExec::new(Arc::clone(&right), shard, shards));
+                    Arc::new(ShardExec::new(Arc::clone(&right), shard, shards));
                 let join = SparseJoinExec::try_new(
                     Arc::clone(&shard_spec),
                     self.device,
@@ -456,24 +464,7 @@ impl DisplayAs for PartitionExec {
 }
 
 impl ExecutionPlan for PartitionExec {
-    fn name(&self) -> &str {
-        "PartitionExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_plan!("PartitionExec");
 
     fn with_new_children(
         self: Arc<Self>,
@@ -497,29 +488,6 @@ impl ExecutionPlan for PartitionExec {
     }
 }
 
-/// Appends [`ROW_ID`] to the left input: the global row position over all its partitions in
-/// order (one output partition). A partition index would not do: Ballista runs each task on a
-/// plan restricted to the task's partitions, renumbered from 0.
-#[derive(Debug)]
-pub struct RowIdExec {
-    input: Arc<dyn ExecutionPlan>,
-    schema: SchemaRef,
-    cache: Arc<PlanProperties>,
-}
-
-impl RowIdExec {
-    pub fn new(input: Arc<dyn ExecutionPlan>) -> Self {
-        let input = gather(input);
-        let schema = with_row_id(&input.schema());
-        let cache = properties(Arc::clone(&schema), 1);
-        Self {
-            input,
-            schema,
-            cache,
-        }
-    }
-}
-
 fn whole_input_if(whole: bool) -> Vec<datafusion::physical_plan::Distribution> {
     use datafusion::physical_plan::Distribution;
     vec![if whole {
@@ -529,87 +497,11 @@ fn whole_input_if(whole: bool) -> Vec<datafusion::physical_plan::Distribution> {
     }]
 }
 
-impl DisplayAs for RowIdExec {
-    fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "RowIdExec")
-    }
-}
-
-impl ExecutionPlan for RowIdExec {
-    fn name(&self) -> &str {
-        "RowIdExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
-
-    fn with_new_children(
-        self: Arc<Self>,
-        mut children: Vec<Arc<dyn ExecutionPlan>>,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        match children.pop() {
-            Some(input) if children.is_empty() => Ok(Arc::new(Self::new(input))),
-            _ => internal_err!("RowIdExec takes one child"),
-        }
-    }
-
-    fn required_input_distribution(&self) -> Vec<datafusion::physical_plan::Distribution> {
-        whole_input_if(true)
-    }
-
-    fn maintains_input_order(&self) -> Vec<bool> {
-        vec![true]
-    }
-
-    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
-        vec![false]
-    }
-
-    fn execute(
-        &self,
-        partition: usize,
-        context: Arc<TaskContext>,
-    ) -> Result<SendableRecordBatchStream> {
-        if partition != 0 {
-            return internal_err!("RowIdExec has one partition, asked for {partition}");
-        }
-        let parts = 0..self.input.output_partitioning().partition_count();
-        let input = Arc::clone(&self.input);
-        let schema = Arc::clone(&self.schema);
-        let mut next = 0u64;
-        let stream = futures::stream::iter(parts)
-            .map(move |p| input.execute(p, Arc::clone(&context)))
-            .try_flatten()
-            .map(move |batch| {
-                let batch = batch?;
-                let n = batch.num_rows() as u64;
-                let ids = UInt64Array::from_iter_values(next..next + n);
-                next += n;
-                append_ids(&schema, &batch, ids)
-            });
-        Ok(Box::pin(RecordBatchStreamAdapter::new(
-            Arc::clone(&self.schema),
-            stream,
-        )))
-    }
-}
-
-/// One shard of the right input: the rows whose global position `i` (over all partitions, in
-/// order) has `i mod shards == shard`, with [`ROW_ID`] = `i`. One output partition.
+/// One shard of an input: the rows whose global position `i` (over all partitions, in order)
+/// has `i mod shards == shard`, with [`ROW_ID`] = `i`. One output partition. With one shard, it
+/// numbers the left side.
 #[derive(Debug)]
-pub struct RightShardExec {
+pub struct ShardExec {
     input: Arc<dyn ExecutionPlan>,
     shard: usize,
     shards: usize,
@@ -617,7 +509,7 @@ pub struct RightShardExec {
     cache: Arc<PlanProperties>,
 }
 
-impl RightShardExec {
+impl ShardExec {
     pub fn new(input: Arc<dyn ExecutionPlan>, shard: usize, shards: usize) -> Self {
         let input = gather(input);
         let schema = with_row_id(&input.schema());
@@ -640,31 +532,14 @@ impl RightShardExec {
     }
 }
 
-impl DisplayAs for RightShardExec {
+impl DisplayAs for ShardExec {
     fn fmt_as(&self, _t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
-        write!(f, "RightShardExec: shard={} of {}", self.shard, self.shards)
+        write!(f, "ShardExec: shard={} of {}", self.shard, self.shards)
     }
 }
 
-impl ExecutionPlan for RightShardExec {
-    fn name(&self) -> &str {
-        "RightShardExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+impl ExecutionPlan for ShardExec {
+    one_input_plan!("ShardExec");
 
     fn with_new_children(
         self: Arc<Self>,
@@ -674,7 +549,7 @@ impl ExecutionPlan for RightShardExec {
             Some(input) if children.is_empty() => {
                 Ok(Arc::new(Self::new(input, self.shard, self.shards)))
             }
-            _ => internal_err!("RightShardExec takes one child"),
+            _ => internal_err!("ShardExec takes one child"),
         }
     }
 
@@ -696,7 +571,7 @@ impl ExecutionPlan for RightShardExec {
         context: Arc<TaskContext>,
     ) -> Result<SendableRecordBatchStream> {
         if partition != 0 {
-            return internal_err!("RightShardExec has one partition, asked for {partition}");
+            return internal_err!("ShardExec has one partition, asked for {partition}");
         }
         let parts = 0..self.input.output_partitioning().partition_count();
         let input = Arc::clone(&self.input);
@@ -853,24 +728,7 @@ impl DisplayAs for ShardMergeExec {
 }
 
 impl ExecutionPlan for ShardMergeExec {
-    fn name(&self) -> &str {
-        "ShardMergeExec"
-    }
-
-    fn properties(&self) -> &Arc<PlanProperties> {
-        &self.cache
-    }
-
-    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.input]
-    }
-
-    fn apply_expressions(
-        &self,
-        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
-    ) -> Result<TreeNodeRecursion> {
-        Ok(TreeNodeRecursion::Continue)
-    }
+    one_input_plan!("ShardMergeExec");
 
     fn with_new_children(
         self: Arc<Self>,
