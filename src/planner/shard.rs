@@ -573,29 +573,25 @@ impl ExecutionPlan for ShardExec {
         if partition != 0 {
             return internal_err!("ShardExec has one partition, asked for {partition}");
         }
-        let parts = 0..self.input.output_partitioning().partition_count();
-        let input = Arc::clone(&self.input);
+        // The input is one partition (`gather`), its partitions in order.
         let schema = Arc::clone(&self.schema);
         let (shard, shards) = (self.shard as u64, self.shards as u64);
         let mut next = 0u64;
-        let stream = futures::stream::iter(parts)
-            .map(move |p| input.execute(p, Arc::clone(&context)))
-            .try_flatten()
-            .map(move |batch| {
-                let batch = batch?;
-                let n = batch.num_rows() as u64;
-                let first = next;
-                next += n;
-                let keep: BooleanArray = (first..first + n)
-                    .map(|i| Some(i % shards == shard))
-                    .collect();
-                let ids: UInt64Array = (first..first + n)
-                    .filter(|i| i % shards == shard)
-                    .collect::<Vec<u64>>()
-                    .into();
-                let kept = filter_record_batch(&batch, &keep)?;
-                append_ids(&schema, &kept, ids)
-            });
+        let stream = self.input.execute(0, context)?.map(move |batch| {
+            let batch = batch?;
+            let n = batch.num_rows() as u64;
+            let first = next;
+            next += n;
+            let keep: BooleanArray = (first..first + n)
+                .map(|i| Some(i % shards == shard))
+                .collect();
+            let ids: UInt64Array = (first..first + n)
+                .filter(|i| i % shards == shard)
+                .collect::<Vec<u64>>()
+                .into();
+            let kept = filter_record_batch(&batch, &keep)?;
+            append_ids(&schema, &kept, ids)
+        });
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             Arc::clone(&self.schema),
             stream,
