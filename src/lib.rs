@@ -7,6 +7,8 @@
 //! - [`udf`]: the scalar SQL functions; [`planner`]: `knn_join` / `radius_join` operators.
 
 pub mod cli;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod cpu;
 pub mod generate;
 pub mod gpu;

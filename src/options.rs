@@ -162,6 +162,11 @@ impl ExcludeSelf {
     pub fn is_off(&self) -> bool {
         *self == ExcludeSelf::Off
     }
+
+    /// Rows are skipped by their position in the one input (exclude_self=true).
+    pub fn by_identity(&self) -> bool {
+        *self == ExcludeSelf::Identity
+    }
 }
 
 impl fmt::Display for ExcludeSelf {
@@ -208,7 +213,7 @@ impl fmt::Display for DeviceChoice {
 
 /// Keys of the options string that name columns of one call's inputs, so they are not session
 /// settings.
-pub const PER_CALL_KEYS: &[&str] = &["left_column", "right_column"];
+pub const PER_CALL_KEYS: &[&str] = &["left_column", "right_column", "right_shards"];
 
 /// Every key the options string accepts: the session settings ([`SparseKnnConfig::KEYS`]) and
 /// [`PER_CALL_KEYS`], in the order error messages list them. (A test checks that it stays
@@ -221,6 +226,7 @@ pub const OPTION_KEYS: &[&str] = &[
     "left_column",
     "right_column",
     "gpu_memory_limit",
+    "right_shards",
 ];
 
 /// Options of one call, after session defaults and the options string are applied.
@@ -233,6 +239,9 @@ pub struct JoinOptions {
     pub left_column: Option<String>,
     pub right_column: Option<String>,
     pub gpu_memory_limit: Option<u64>,
+    /// Split the right side into this many shards (row i in shard i mod n), joined as separate
+    /// tasks and merged; 1: one build of the whole right side.
+    pub right_shards: usize,
 }
 
 impl Default for JoinOptions {
@@ -253,6 +262,7 @@ impl JoinOptions {
             left_column: None,
             right_column: None,
             gpu_memory_limit: None,
+            right_shards: 1,
         };
         for entry in config.entries() {
             let key = entry.key.strip_prefix("sparse_knn.").unwrap_or(&entry.key);
@@ -327,6 +337,14 @@ impl JoinOptions {
                 self.gpu_memory_limit =
                     Some(parse_bytes("gpu_memory_limit", value).map_err(|e| message(&e))?)
             }
+            "right_shards" => match value.parse::<usize>() {
+                Ok(n) if (1..=4096).contains(&n) => self.right_shards = n,
+                _ => {
+                    return Err(format!(
+                        "option right_shards must be a whole number from 1 to 4096, got '{value}'"
+                    ))
+                }
+            },
             other => {
                 return Err(format!(
                     "unknown option '{other}'; valid keys: {}",

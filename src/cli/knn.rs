@@ -15,8 +15,8 @@ use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
 use url::Url;
 
 use super::{
-    parquet_rows, progress_bar, register_location, session, table_rows, writer_properties,
-    CliError, CliResult, Location, OutputFile,
+    parquet_rows, progress_bar, register_location, table_rows, writer_properties, CliError,
+    CliResult, Location, OutputFile,
 };
 use crate::options::{DeviceChoice, JoinOptions};
 
@@ -57,6 +57,10 @@ pub struct KnnArgs {
     /// Replace --output if it exists.
     #[arg(long, alias = "force")]
     pub overwrite: bool,
+    /// Run on an Apache Ballista cluster (`sparse-knn scheduler`): df://HOST:PORT; --left and
+    /// --right must be paths the executors can read.
+    #[arg(long, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
 }
 
 impl KnnArgs {
@@ -99,7 +103,7 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     };
     let (left_rows, right_rows) = (local_rows(&left_at)?, local_rows(&right_at)?);
 
-    let ctx = session()?;
+    let ctx = super::session_on(&Default::default(), args.cluster.as_deref()).await?;
     // The same input on both sides is one table: a self-join, where rows have an identity
     // (exclude_self=true).
     let same_input = args.left == args.right;

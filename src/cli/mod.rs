@@ -12,6 +12,8 @@ macro_rules! cli_bail {
 }
 
 pub mod bench;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod generate;
 pub mod knn;
 pub mod shell;
@@ -56,6 +58,12 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Time the self knn_join per metric and device.
     Bench(bench::BenchArgs),
+    /// Run an Apache Ballista scheduler with every sparse-knn function and operator.
+    #[cfg(feature = "cluster")]
+    Scheduler(cluster::SchedulerArgs),
+    /// Run an Apache Ballista executor with every sparse-knn function and operator.
+    #[cfg(feature = "cluster")]
+    Executor(cluster::ExecutorArgs),
 }
 
 /// An error for the user: printed as one line on stderr.
@@ -137,6 +145,10 @@ pub fn main() -> ExitCode {
             Command::Knn(args) => knn::run(args).await,
             Command::Generate(args) => generate::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            #[cfg(feature = "cluster")]
+            Command::Scheduler(args) => cluster::run_scheduler(args).await,
+            #[cfg(feature = "cluster")]
+            Command::Executor(args) => cluster::run_executor(args).await,
         }
     });
     match result {
@@ -167,6 +179,32 @@ pub fn session() -> CliResult<SessionContext> {
 /// A session with every sparse-knn function and setting registered, S3 paths readable, and
 /// `options` applied.
 pub fn session_with(options: &SessionOptions) -> CliResult<SessionContext> {
+    Ok(session_parts(options)?.0)
+}
+
+/// A session as [`session_with`] makes it or, with `cluster` (`df://HOST:PORT`), a client of
+/// that Apache Ballista cluster with the same functions, settings and URL tables.
+pub async fn session_on(
+    options: &SessionOptions,
+    cluster: Option<&str>,
+) -> CliResult<SessionContext> {
+    let (ctx, _factory) = session_parts(options)?;
+    let Some(url) = cluster else { return Ok(ctx) };
+    #[cfg(feature = "cluster")]
+    {
+        let ctx = cluster::connect(ctx, url).await?;
+        // The URL-table factory reads files through the session it serves: the new one.
+        _factory
+            .inner()
+            .session_store()
+            .with_state(ctx.state_weak_ref());
+        Ok(ctx)
+    }
+    #[cfg(not(feature = "cluster"))]
+    cli_bail!("--cluster {url}: this sparse-knn was built without the `cluster` feature")
+}
+
+fn session_parts(options: &SessionOptions) -> CliResult<(SessionContext, Arc<store::UrlTables>)> {
     let config = SessionConfig::new()
         .with_information_schema(true)
         .with_option_extension(crate::options::SparseKnnConfig::default());
@@ -197,7 +235,7 @@ pub fn session_with(options: &SessionOptions) -> CliResult<SessionContext> {
         .session_store()
         .with_state(ctx.state_weak_ref());
     crate::register_all(&ctx)?;
-    Ok(ctx)
+    Ok((ctx, factory))
 }
 
 /// Registers a local or object-store file or folder as table `name` (see [`register_path`]).

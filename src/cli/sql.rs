@@ -14,7 +14,7 @@ use datafusion::sql::parser::DFParser;
 use datafusion::sql::sqlparser::dialect::dialect_from_str;
 use futures::StreamExt;
 
-use super::{register_location, session_with, CliError, CliResult, Location, SessionOptions};
+use super::{register_location, CliError, CliResult, Location, SessionOptions};
 use crate::options::parse_bytes;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -45,6 +45,10 @@ pub struct SqlArgs {
     /// (default: unbounded). Same as SET datafusion.runtime.memory_limit.
     #[arg(long, value_name = "SIZE")]
     pub memory_limit: Option<String>,
+    /// Run on an Apache Ballista cluster (`sparse-knn scheduler`): df://HOST:PORT. Tables and
+    /// paths must be files the executors can read.
+    #[arg(long, value_name = "df://HOST:PORT")]
+    pub cluster: Option<String>,
 }
 
 pub async fn run(args: SqlArgs) -> CliResult<()> {
@@ -54,7 +58,7 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         .map(|s| parse_bytes("--memory-limit", s))
         .transpose()
         .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?;
-    let ctx = session_with(&SessionOptions { memory_limit })?;
+    let ctx = super::session_on(&SessionOptions { memory_limit }, args.cluster.as_deref()).await?;
     for spec in &args.tables {
         let Some((name, path)) = spec.split_once('=') else {
             cli_bail!("--table '{spec}' is not of the form NAME=PATH");

@@ -5,7 +5,7 @@ use datafusion::common::Result;
 use datafusion::dataframe::DataFrame;
 
 use super::logical::SparseJoinNode;
-use super::spec::{JoinKind, JoinSpec};
+use super::spec::{JoinKind, JoinSpec, OptionsSource};
 use super::sql::session_options;
 
 /// For every row of `left`, its `k` nearest rows of `right` under `metric`.
@@ -40,17 +40,28 @@ fn join(
     right: DataFrame,
     metric: &str,
     kind: JoinKind,
-    options: &str,
+    options_text: &str,
 ) -> Result<DataFrame> {
     let (state, left_plan) = left.into_parts();
     let (_, right_plan) = right.into_parts();
     let options = session_options(state.config_options())?
-        .apply(options)
+        .apply(options_text)
         .map_err(|e| e.context(format!("{}: options", kind.function_name())))?;
-    let spec = JoinSpec::new(kind, metric, options)?;
+    let source = OptionsSource::from_session(state.config_options()).with_text(options_text);
+    let spec = JoinSpec::new(kind, metric, options)?.with_source(source);
     let node = SparseJoinNode::try_new(spec, left_plan, right_plan)?;
-    Ok(DataFrame::new(
-        super::with_query_planner(state),
-        node.into_plan(),
-    ))
+    // A Ballista client's planner sends plans to its cluster (whose sessions know the node):
+    // keep it; any other session gets a planner that knows the node.
+    let on_cluster = state
+        .config()
+        .options()
+        .entries()
+        .iter()
+        .any(|e| e.key.starts_with("ballista."));
+    let state = if on_cluster {
+        state
+    } else {
+        super::with_query_planner(state)
+    };
+    Ok(DataFrame::new(state, node.into_plan()))
 }

@@ -84,6 +84,13 @@ impl SparseJoinExec {
         left_vector: &str,
         right_vector: &str,
     ) -> Result<Self> {
+        // Inputs read whole, as one partition in partition order (see `shard::gather`).
+        let right = super::shard::gather(right);
+        let left = if spec.options.exclude_self.by_identity() {
+            super::shard::gather(left)
+        } else {
+            left
+        };
         let layout = physical_layout(
             &spec,
             &left.schema(),
@@ -295,13 +302,19 @@ impl ExecutionPlan for SparseJoinExec {
     }
 
     fn required_input_distribution(&self) -> Vec<Distribution> {
-        // Each left partition is probed on its own and the right side is gathered inside the
-        // operator, so no repartitioning or merging is asked of the planner (which would also
-        // lose the row order that exclude_self and ties depend on).
-        vec![
-            Distribution::UnspecifiedDistribution,
-            Distribution::UnspecifiedDistribution,
-        ]
+        // Each left partition is probed on its own. The inputs read whole (the right side; the
+        // left too under exclude_self) are made one partition, in partition order, by
+        // `shard::gather` in `try_new` (a planner's CoalescePartitionsExec would lose the row
+        // order that exclude_self and ties depend on), and ask for it: so nothing is added by
+        // the optimizer, and Ballista gives every task all of them rather than its share.
+        let whole = |yes: bool| {
+            if yes {
+                Distribution::SinglePartition
+            } else {
+                Distribution::UnspecifiedDistribution
+            }
+        };
+        vec![whole(self.spec.options.exclude_self.by_identity()), whole(true)]
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {

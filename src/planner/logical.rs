@@ -124,6 +124,37 @@ impl SparseJoinNode {
         })
     }
 
+    /// The node over two inputs whose vector columns are known by name (inputs may have been
+    /// pruned by projection pushdown, or come from a serialised plan).
+    pub fn from_parts(
+        spec: Arc<JoinSpec>,
+        left: LogicalPlan,
+        right: LogicalPlan,
+        left_vector: String,
+        right_vector: String,
+    ) -> Result<Self> {
+        let find = |plan: &LogicalPlan, name: &str| {
+            plan.schema()
+                .fields()
+                .iter()
+                .position(|f| f.name() == name)
+                .ok_or_else(|| {
+                    datafusion::common::DataFusionError::Internal(format!(
+                        "{}: vector column '{name}' lost from its input",
+                        spec.function_name()
+                    ))
+                })
+        };
+        let layout = Layout::with_vectors(
+            &spec,
+            left.schema().as_arrow(),
+            right.schema().as_arrow(),
+            find(&left, &left_vector)?,
+            find(&right, &right_vector)?,
+        );
+        Self::with_layout(spec, left, right, left_vector, right_vector, layout)
+    }
+
     /// The node as a plan.
     pub fn into_plan(self) -> LogicalPlan {
         LogicalPlan::Extension(Extension {
@@ -210,39 +241,12 @@ impl UserDefinedLogicalNodeCore for SparseJoinNode {
     ) -> Result<Self> {
         let right = inputs.pop().expect("two inputs");
         let left = inputs.pop().expect("two inputs");
-        // Inputs may have been pruned by projection pushdown: find the columns again by name.
-        let find = |plan: &LogicalPlan, name: &str| {
-            plan.schema()
-                .fields()
-                .iter()
-                .position(|f| f.name() == name)
-                .ok_or_else(|| {
-                    datafusion::common::DataFusionError::Internal(format!(
-                        "{}: vector column '{name}' lost from its input",
-                        self.spec.function_name()
-                    ))
-                })
-        };
-        let left_vector = find(&left, &self.left_vector)?;
-        let right_vector = find(&right, &self.right_vector)?;
-        let layout = super::spec::Layout {
-            left_vector,
-            right_vector,
-            left_others: (0..left.schema().fields().len())
-                .filter(|&i| i != left_vector)
-                .collect(),
-            right_others: (0..right.schema().fields().len())
-                .filter(|&i| i != right_vector)
-                .collect(),
-            with_rank: self.layout.with_rank,
-        };
-        Self::with_layout(
+        Self::from_parts(
             Arc::clone(&self.spec),
             left,
             right,
             self.left_vector.clone(),
             self.right_vector.clone(),
-            layout,
         )
     }
 

@@ -15,6 +15,7 @@
 mod dataframe;
 mod exec;
 mod logical;
+mod shard;
 mod source;
 mod spec;
 mod sql;
@@ -35,9 +36,13 @@ use datafusion::prelude::SessionContext;
 pub use dataframe::{knn_join, radius_join};
 pub use exec::SparseJoinExec;
 pub use logical::SparseJoinNode;
+pub use shard::{
+    gather, plan_sharded, GatherExec, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec,
+    ROW_ID,
+};
 pub use spec::{
-    find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, Side, DISTANCE_COLUMN,
-    NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
+    find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
+    DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
 };
 pub use sql::SparseJoinRelationPlanner;
 pub use udtf::SparseJoinFunction;
@@ -111,14 +116,22 @@ impl ExtensionPlanner for SparseJoinPlanner {
             return Ok(None);
         };
         let device = resolve_device(node.spec.function_name(), node.spec.options.device)?;
-        let exec = SparseJoinExec::try_new(
+        let plan = if node.spec.options.right_shards > 1 {
+            plan_sharded
+        } else {
+            |spec, device, left, right, lv: &str, rv: &str| -> Result<Arc<dyn ExecutionPlan>> {
+                Ok(Arc::new(SparseJoinExec::try_new(
+                    spec, device, left, right, lv, rv,
+                )?))
+            }
+        };
+        Ok(Some(plan(
             Arc::clone(&node.spec),
             device,
             Arc::clone(&physical_inputs[0]),
             Arc::clone(&physical_inputs[1]),
             &node.left_vector,
             &node.right_vector,
-        )?;
-        Ok(Some(Arc::new(exec)))
+        )?))
     }
 }

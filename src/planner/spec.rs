@@ -6,11 +6,12 @@ use std::fmt;
 use std::hash::{Hash, Hasher};
 
 use arrow::datatypes::{DataType, Field, FieldRef, Schema};
+use datafusion::common::config::{ConfigOptions, ExtensionOptions};
 use datafusion::common::{plan_err, Result};
 
 use crate::join::Selection;
 use crate::metric::Metric;
-use crate::options::{DeviceChoice, JoinOptions};
+use crate::options::{DeviceChoice, JoinOptions, SparseKnnConfig};
 use crate::vector::{is_sparse_vector_type, VectorCheck};
 
 /// Output column holding the distance of each pair.
@@ -78,16 +79,73 @@ impl fmt::Display for JoinKind {
     }
 }
 
+/// What a call's options were parsed from, in order: the session's `sparse_knn.*` settings,
+/// then each options string. Replaying it ([`OptionsSource::parse`]) goes through the same
+/// parsers as planning did, so a plan serialised for a remote executor (`src/cluster`) carries
+/// every option, including ones added later, as text.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OptionsSource {
+    /// `sparse_knn.*` settings as `(key without prefix, value)`.
+    pub settings: Vec<(String, String)>,
+    /// Options strings (`'key=value, ...'`), applied in order on top of the settings.
+    pub texts: Vec<String>,
+}
+
+impl OptionsSource {
+    /// The session's `sparse_knn.*` settings (none when the extension is not registered).
+    pub fn from_session(config: &ConfigOptions) -> Self {
+        let settings = config
+            .extensions
+            .get::<SparseKnnConfig>()
+            .map(|c| {
+                c.entries()
+                    .into_iter()
+                    .filter_map(|e| {
+                        let key = e.key.strip_prefix("sparse_knn.").unwrap_or(&e.key);
+                        Some((key.to_string(), e.value?))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Self {
+            settings,
+            texts: Vec::new(),
+        }
+    }
+
+    /// This source with one more options string on top.
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.texts.push(text.into());
+        self
+    }
+
+    /// The options, parsed again from the text.
+    pub fn parse(&self) -> Result<JoinOptions> {
+        let mut config = SparseKnnConfig::default();
+        for (key, value) in &self.settings {
+            ExtensionOptions::set(&mut config, key, value)?;
+        }
+        let mut options = JoinOptions::from_config(&config)?;
+        for text in &self.texts {
+            options = options.apply(text)?;
+        }
+        Ok(options)
+    }
+}
+
 /// One join call: validated selection, metric and options.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JoinSpec {
     pub kind: JoinKind,
     pub metric: Metric,
     pub options: JoinOptions,
+    /// The text `options` was parsed from (what a serialised plan carries).
+    pub source: OptionsSource,
 }
 
 impl JoinSpec {
-    /// Parses the metric with the options' `p`/`dim` and checks `k`/`radius`.
+    /// Parses the metric with the options' `p`/`dim` and checks `k`/`radius`. The options'
+    /// source is empty: give it with [`JoinSpec::with_source`] or use [`JoinSpec::parse`].
     pub fn new(kind: JoinKind, metric: &str, options: JoinOptions) -> Result<Self> {
         let metric = options
             .metric(metric)
@@ -97,7 +155,20 @@ impl JoinSpec {
             kind,
             metric,
             options,
+            source: OptionsSource::default(),
         })
+    }
+
+    /// The spec whose options are parsed from `source` (settings, then options strings).
+    pub fn parse(kind: JoinKind, metric: &str, source: OptionsSource) -> Result<Self> {
+        let options = source.parse()?;
+        Ok(Self::new(kind, metric, options)?.with_source(source))
+    }
+
+    /// Records the text the options were parsed from.
+    pub fn with_source(mut self, source: OptionsSource) -> Self {
+        self.source = source;
+        self
     }
 
     pub fn function_name(&self) -> &'static str {

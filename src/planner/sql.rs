@@ -20,7 +20,7 @@ use datafusion::sql::sqlparser::ast::{
 
 use super::logical::SparseJoinNode;
 use super::source::{looks_like_path, parquet_table};
-use super::spec::{JoinKind, JoinSpec};
+use super::spec::{JoinKind, JoinSpec, OptionsSource};
 use crate::options::{JoinOptions, SparseKnnConfig};
 
 /// Plans the table-factor calls `knn_join(...)` and `radius_join(...)`; every other relation is
@@ -252,19 +252,23 @@ impl RelationPlanner for SparseJoinRelationPlanner {
         let value = constant(&context.sql_to_expr(selection, &DFSchema::empty())?);
         let kind = function.kind(value, &shown)?;
         let mut options = session_options(context.context_provider().options())?;
+        let mut source = OptionsSource::from_session(context.context_provider().options());
         if let Some(text) = options_text {
             let shown = text.to_string();
             let value = constant(&context.sql_to_expr(text, &DFSchema::empty())?);
             match value {
                 Some(v) if v.is_null() => {}
                 Some(v) => match string_of(&v) {
-                    Some(s) => options = options.apply(&s).map_err(|e| e.context(format!("{name}: argument 5 (options)")))?,
+                    Some(s) => {
+                        options = options.apply(&s).map_err(|e| e.context(format!("{name}: argument 5 (options)")))?;
+                        source = source.with_text(s);
+                    }
                     None => return plan_err!("{name}: argument 5 (options) must be a string like 'p=3, dim=100', got {shown}"),
                 },
                 None => return plan_err!("{name}: argument 5 (options) must be a string like 'p=3, dim=100', got {shown}"),
             }
         }
-        let spec = JoinSpec::new(kind, &metric, options)?;
+        let spec = JoinSpec::new(kind, &metric, options)?.with_source(source);
         let left = self.plan_input(context, name, "argument 1 (left)", left)?;
         let right = self.plan_input(context, name, "argument 2 (right)", right)?;
         let both_scans = matches!(

@@ -21,7 +21,7 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::exec::SparseJoinExec;
 use super::source::{looks_like_path, parquet_table};
-use super::spec::{resolve_device, Device, JoinSpec, Layout};
+use super::spec::{resolve_device, Device, JoinSpec, Layout, OptionsSource};
 use super::sql::{constant, session_options, string_of, Function};
 
 /// `knn_join` or `radius_join` as a [`TableFunctionImpl`].
@@ -111,10 +111,13 @@ impl TableFunctionImpl for SparseJoinFunction {
         let metric = text(2, "metric")?;
         let kind = function.kind(constant(&exprs[3]), &exprs[3].to_string())?;
         let mut options = session_options(session.config_options())?;
+        let mut source = OptionsSource::from_session(session.config_options());
         if exprs.len() == 5 {
-            options = options.apply(&text(4, "options")?)?;
+            let given = text(4, "options")?;
+            options = options.apply(&given)?;
+            source = source.with_text(given);
         }
-        let spec = JoinSpec::new(kind, &metric, options)?;
+        let spec = JoinSpec::new(kind, &metric, options)?.with_source(source);
         let left = resolve_table(session, name, "argument 1 (left)", &left_name)?;
         let right = resolve_table(session, name, "argument 2 (right)", &right_name)?;
         let layout = Layout::new(&spec, &left.schema(), &right.schema())?;

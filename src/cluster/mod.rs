@@ -1,0 +1,22 @@
+//! Distributed `knn_join` / `radius_join` on Apache Ballista 55: no cluster code of our own,
+//! Ballista schedules, shuffles and retries; this module gives it what it needs to run this
+//! crate's plans.
+//!
+//! - [`codec`]: logical and physical extension codecs for the join node, its operators, the
+//!   shard operators of `right_shards`, the scalar functions and in-memory tables.
+//! - [`session`]: the session config (the `sparse_knn.*` settings and the codecs) and session
+//!   states for clients, the scheduler and executors; [`session::remote_context`] and
+//!   [`session::standalone_context`] for embedders.
+//! - [`scheduler`] / [`executor`]: the `sparse-knn scheduler` and `sparse-knn executor`
+//!   processes.
+
+pub mod codec;
+pub mod executor;
+pub mod scheduler;
+pub mod session;
+
+pub use codec::{SparseKnnLogicalCodec, SparseKnnPhysicalCodec};
+pub use session::{
+    function_registry, remote_context, server_state, session_config, standalone_context,
+    upgrade_for_cluster,
+};
