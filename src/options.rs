@@ -85,8 +85,11 @@ sparse_knn_settings! {
         /// Skip pairs of a row with itself: true (the same input on both sides, by row
         /// identity), a column name (pairs whose values of that column are equal), or false.
         pub exclude_self: String = "false".to_string(),
-        /// Device memory a GPU join may use, e.g. '8GiB' (empty: the device's free memory).
+        /// Device memory a GPU join may use on each GPU, e.g. '8GiB' (empty: the device's free
+        /// memory).
         pub gpu_memory_limit: String = String::new(),
+        /// The GPUs a join uses, as CUDA ordinals, e.g. '0,1' (empty: every visible GPU).
+        pub gpus: String = String::new(),
     }
 }
 
@@ -226,6 +229,7 @@ pub const OPTION_KEYS: &[&str] = &[
     "left_column",
     "right_column",
     "gpu_memory_limit",
+    "gpus",
     "right_shards",
 ];
 
@@ -239,6 +243,8 @@ pub struct JoinOptions {
     pub left_column: Option<String>,
     pub right_column: Option<String>,
     pub gpu_memory_limit: Option<u64>,
+    /// The GPUs to use (CUDA ordinals, in order, no repeats); None: every visible GPU.
+    pub gpus: Option<Vec<usize>>,
     /// Split the right side into this many shards (row i in shard i mod n), joined as separate
     /// tasks and merged; 1: one build of the whole right side.
     pub right_shards: usize,
@@ -262,13 +268,16 @@ impl JoinOptions {
             left_column: None,
             right_column: None,
             gpu_memory_limit: None,
+            gpus: None,
             right_shards: 1,
         };
         for entry in config.entries() {
             let key = entry.key.strip_prefix("sparse_knn.").unwrap_or(&entry.key);
             let Some(value) = entry.value else { continue };
             // The settings' "not set" values.
-            if (key == "dim" && value == "0") || (key == "gpu_memory_limit" && value.is_empty()) {
+            if (key == "dim" && value == "0")
+                || (matches!(key, "gpu_memory_limit" | "gpus") && value.is_empty())
+            {
                 continue;
             }
             options
@@ -280,7 +289,21 @@ impl JoinOptions {
 
     /// Applies an options string `'key=value, ...'` on top of these options.
     pub fn apply(mut self, text: &str) -> Result<Self> {
+        // `gpus=0,1` holds the separator: a bare ordinal after it continues its list.
+        let mut items: Vec<String> = Vec::new();
         for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match items.last_mut() {
+                Some(last)
+                    if !item.contains('=')
+                        && last.trim_start().to_ascii_lowercase().starts_with("gpus") =>
+                {
+                    last.push(',');
+                    last.push_str(item);
+                }
+                _ => items.push(item.to_string()),
+            }
+        }
+        for item in &items {
             let Some((key, value)) = item.split_once('=') else {
                 return plan_err!(
                     "option '{item}' is not of the form key=value; valid keys: {}",
@@ -337,6 +360,7 @@ impl JoinOptions {
                 self.gpu_memory_limit =
                     Some(parse_bytes("gpu_memory_limit", value).map_err(|e| message(&e))?)
             }
+            "gpus" => self.gpus = Some(parse_gpus(value)?),
             "right_shards" => match value.parse::<usize>() {
                 Ok(n) if (1..=4096).contains(&n) => self.right_shards = n,
                 _ => {
@@ -359,6 +383,29 @@ impl JoinOptions {
     pub fn metric(&self, name: &str) -> Result<Metric> {
         Metric::new(name, self.p, self.dim)
     }
+}
+
+/// `0,1` → [0, 1]: CUDA ordinals, at least one, none repeated (whether they exist is checked
+/// where the join runs).
+fn parse_gpus(value: &str) -> std::result::Result<Vec<usize>, String> {
+    let bad = || {
+        format!(
+            "option gpus must list CUDA device ordinals, e.g. gpus=0,1 (none repeated), got \
+             '{value}'"
+        )
+    };
+    let mut list = Vec::new();
+    for part in value.split(',').map(str::trim) {
+        let g: usize = part.parse().map_err(|_| bad())?;
+        if list.contains(&g) {
+            return Err(bad());
+        }
+        list.push(g);
+    }
+    if list.is_empty() {
+        return Err(bad());
+    }
+    Ok(list)
 }
 
 /// A planning error's message without DataFusion's "Error during planning: " framing.

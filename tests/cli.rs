@@ -736,3 +736,140 @@ fn a_closed_stdout_stops_quietly_with_a_failure_code() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A copy of `src` whose vector column holds 64-bit lists: Struct{indices: LargeList<Int64>,
+/// values: LargeList<Float64>} (the layout of a column of more than 2^31 entries).
+fn write_large_list_copy(src: &Path, dst: &Path) {
+    use arrow::array::{Array, ArrayRef, StructArray};
+    use arrow::compute::cast;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use parquet::arrow::ArrowWriter;
+    use std::sync::Arc;
+
+    let large = |t: DataType| DataType::LargeList(Arc::new(Field::new("item", t, false)));
+    let mut writer: Option<ArrowWriter<File>> = None;
+    for b in read(src) {
+        let at = b.schema().index_of("vec").unwrap();
+        let s = b.column(at).as_struct();
+        let indices = cast(s.column_by_name("indices").unwrap(), &large(DataType::Int64)).unwrap();
+        let values = cast(s.column_by_name("values").unwrap(), &large(DataType::Float64)).unwrap();
+        let fields = vec![
+            Field::new("indices", indices.data_type().clone(), false),
+            Field::new("values", values.data_type().clone(), false),
+        ];
+        let vec = StructArray::new(fields.into(), vec![indices, values], s.nulls().cloned());
+        let mut columns: Vec<ArrayRef> = b.columns().to_vec();
+        columns[at] = Arc::new(vec);
+        let mut schema_fields: Vec<Field> =
+            b.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        schema_fields[at] = Field::new("vec", columns[at].data_type().clone(), true);
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), columns).unwrap();
+        writer
+            .get_or_insert_with(|| {
+                ArrowWriter::try_new(File::create(dst).unwrap(), batch.schema(), None).unwrap()
+            })
+            .write(&batch)
+            .unwrap();
+    }
+    writer.unwrap().close().unwrap();
+}
+
+/// The `knn` job's whole output, run with `env` set (e.g. a lowered chunk limit).
+fn knn_output(
+    dir: &Path,
+    file: &Path,
+    metric: &str,
+    device: &str,
+    env: &[(&str, &str)],
+) -> RecordBatch {
+    let out = dir.join(format!("out_{metric}_{}.parquet", env.len()));
+    let _ = std::fs::remove_file(&out);
+    let f = file.to_str().unwrap();
+    let o = out.to_str().unwrap();
+    let result = bin()
+        .args([
+            "knn", "--left", f, "--right", f, "--metric", metric, "-k", "7", "--exclude-self",
+            "--device", device, "--output", o,
+        ])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        result.status.success(),
+        "{metric} {env:?}: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+    let batches = read(&out);
+    arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap()
+}
+
+/// `sql -c` with `env` set, as CSV.
+fn sql_with_env(query: &str, env: &[(&str, &str)]) -> String {
+    let out = bin()
+        .args(["sql", "--format", "csv", "-c", query])
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{query}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A right side past the entries one batch's 32-bit offsets address is cut into shards (and a
+/// left batch past it into pieces) whose answers merge to the one-piece answers, bit for bit and
+/// in the same tie order, for the canonical and the LargeList layout. The limit (2^31 - 1) is
+/// lowered with SPARSE_KNN_MAX_CHUNK_NNZ so that small data crosses it.
+fn chunked_sides_give_the_same_answers(device: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let canonical = generate(dir.path(), "g.parquet", "movielens", 1500, 21);
+    let large = dir.path().join("large.parquet");
+    write_large_list_copy(&canonical, &large);
+    let lowered = [("SPARSE_KNN_MAX_CHUNK_NNZ", "2500")];
+    for file in [&canonical, &large] {
+        for metric in ["cosine", "manhattan", "jensenshannon", "chebyshev", "minkowski"] {
+            // The reference is always the CPU in one piece.
+            let whole = knn_output(dir.path(), file, metric, "cpu", &[]);
+            let chunked = knn_output(dir.path(), file, metric, device, &lowered);
+            assert!(whole.num_rows() > 1000, "{metric}: {}", whole.num_rows());
+            assert_eq!(whole, chunked, "{metric} on {}", file.display());
+        }
+        let f = file.to_str().unwrap();
+        let radius = format!(
+            "SELECT query_id, neighbor_id, distance FROM radius_join('{f}', '{f}', 'cosine', 0.9, \
+             'device={device}') ORDER BY query_id, neighbor_id"
+        );
+        let cpu = radius.replace(&format!("device={device}"), "device=cpu");
+        let (whole, chunked) = (sql_with_env(&cpu, &[]), sql_with_env(&radius, &lowered));
+        assert!(whole.lines().count() > 5000, "{}", whole.lines().count());
+        assert_eq!(whole, chunked);
+        // The lowered limit did cut the right side.
+        let plan = sql_with_env(
+            &format!(
+                "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('{f}', '{f}', 'cosine', 3, \
+                 'device={device}')"
+            ),
+            &lowered,
+        );
+        let shards: usize = plan
+            .split("build_shards=")
+            .nth(1)
+            .and_then(|s| s.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no build_shards in {plan}"));
+        assert!(shards > 10, "{shards} shards: {plan}");
+    }
+}
+
+#[test]
+fn chunked_sides_give_the_same_answers_on_the_cpu() {
+    chunked_sides_give_the_same_answers("cpu");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn chunked_sides_give_the_same_answers_on_the_gpu() {
+    chunked_sides_give_the_same_answers("gpu");
+}

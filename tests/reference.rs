@@ -402,7 +402,7 @@ fn group_by_left(pairs: &PairList, left_rows: usize) -> Vec<Vec<(u32, f64)>> {
 }
 
 /// The right rows a left row may be paired with (valid, and not itself under exclude_self).
-fn candidates(right: &[Row], left_row: usize, exclude_self_from: Option<u64>) -> Vec<usize> {
+fn candidates(right: &[Row], left_row: usize, exclude_self_from: Option<i64>) -> Vec<usize> {
     let skip = exclude_self_from.map(|f| f as usize + left_row);
     (0..right.len())
         .filter(|&j| right[j].is_some() && Some(j) != skip)
@@ -415,7 +415,7 @@ fn check_knn(
     left: &[Row],
     right: &[Row],
     k: usize,
-    exclude_self_from: Option<u64>,
+    exclude_self_from: Option<i64>,
     refd: &dyn Fn(usize, usize) -> f64,
 ) -> Vec<String> {
     let index = CpuIndex::build(&batch(right), metric);
@@ -514,7 +514,7 @@ fn check_radius(
     left: &[Row],
     right: &[Row],
     radius: f64,
-    exclude_self_from: Option<u64>,
+    exclude_self_from: Option<i64>,
     refd: &dyn Fn(usize, usize) -> f64,
 ) -> Vec<String> {
     let index = CpuIndex::build(&batch(right), metric);

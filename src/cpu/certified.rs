@@ -9,18 +9,20 @@
 //! the k-th smallest upper end (or, for a radius, whose lower end is outside the radius) cannot be
 //! in the answer; every other row is a candidate whose union sum is computed exactly by merging
 //! the two sorted rows. The answer is the exact one whatever the data: with well separated
-//! neighbours a handful of candidates per left row, with large equal values more.
+//! neighbours a handful of candidates per left row, with large equal values more. Candidates go
+//! through `metric::union_distance`, the function the GPU's exact step uses, over the rows' own
+//! indices: the same bits whatever the index holds (one shard of the right side or all of it).
 
 use super::folded::{accumulate, FoldedScratch};
 use super::index::CpuIndex;
 use crate::join::{within, PairList, Selection};
-use crate::metric::{RowTotals, Semiring};
+use crate::metric::{union_distance, RowTotals, Semiring};
 
 /// Scratch of one thread for this strategy, reused across left rows.
 #[derive(Debug, Default)]
 pub(crate) struct CertifiedScratch {
-    /// The left row on the right side's column ids, sorted by id.
-    left: Vec<(u32, f32)>,
+    /// The left row's nonzeros, sorted by index (as `metric::sorted_nonzeros` sorts them).
+    left: Vec<(i32, f32)>,
     /// (upper end, right row) of every kept right row, then the candidates' exact distances.
     upper: Vec<f64>,
     candidates: Vec<(f64, u32)>,
@@ -43,20 +45,18 @@ pub(crate) fn certified_row<S: Semiring>(
     let left_totals = accumulate::<S, true>(s, index, (indices, values), folded);
     let acc = &mut folded.acc0[..n];
 
-    // The left row: columns the right side has (sorted, to merge with right rows), and the
-    // exact sum over the ones it lacks (left-only for every right row).
     ws.left.clear();
-    let mut outside = 0.0;
-    for (&c, &x) in indices.iter().zip(values) {
-        if x == 0.0 {
-            continue;
-        }
-        match index.columns.get(c) {
-            Some(col) => ws.left.push((col, x)),
-            None => outside += s.term(x as f64, 0.0),
-        }
+    ws.left.extend(
+        indices
+            .iter()
+            .zip(values)
+            .filter(|(_, &x)| x != 0.0)
+            .map(|(&c, &x)| (c, x)),
+    );
+    if !ws.left.windows(2).all(|w| w[0].0 < w[1].0) {
+        ws.left.sort_unstable_by_key(|e| e.0);
     }
-    ws.left.sort_unstable_by_key(|e| e.0);
+    let right_row = |j: usize| &index.row_entries[index.row_ptr[j]..index.row_ptr[j + 1]];
 
     let terms = (ws.left.len() + index.max_row_len + 8) as f64;
     let bound = |j: usize| -> (f64, f64) {
@@ -80,9 +80,8 @@ pub(crate) fn certified_row<S: Semiring>(
                 f64::INFINITY
             };
             for j in (0..n).filter(|&j| keep(j) && bound(j).0 <= cut) {
-                let sum = union_sum(s, index, &ws.left, outside, j);
                 ws.candidates
-                    .push((s.finish(sum, 0.0, &zero, &zero), j as u32));
+                    .push((union_distance(s, &ws.left, right_row(j)), j as u32));
             }
             ws.candidates
                 .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
@@ -97,7 +96,7 @@ pub(crate) fn certified_row<S: Semiring>(
                 if !within(S::SIMILARITY, s.finish(low, 0.0, &zero, &zero), radius) {
                     continue;
                 }
-                let d = s.finish(union_sum(s, index, &ws.left, outside, j), 0.0, &zero, &zero);
+                let d = union_distance(s, &ws.left, right_row(j));
                 if within(S::SIMILARITY, d, radius) {
                     ws.candidates.push((d, j as u32));
                 }
@@ -108,33 +107,4 @@ pub(crate) fn certified_row<S: Semiring>(
         out.push(left_row, j, d);
     }
     acc.fill(0.0);
-}
-
-/// Σ term over the union of the left row (sorted column ids, plus `outside`, its columns the
-/// right side lacks) and right row `j` (`index.row_*`, sorted by column id).
-fn union_sum<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    left: &[(u32, f32)],
-    outside: f64,
-    j: usize,
-) -> f64 {
-    let (start, end) = (index.row_ptr[j], index.row_ptr[j + 1]);
-    let (cols, vals) = (&index.row_cols[start..end], &index.row_vals[start..end]);
-    let (mut a, mut b) = (0, 0);
-    let mut sum = outside;
-    while a < left.len() || b < cols.len() {
-        if b == cols.len() || (a < left.len() && left[a].0 < cols[b]) {
-            sum += s.term(left[a].1 as f64, 0.0);
-            a += 1;
-        } else if a == left.len() || cols[b] < left[a].0 {
-            sum += s.term(0.0, vals[b] as f64);
-            b += 1;
-        } else {
-            sum += s.term(left[a].1 as f64, vals[b] as f64);
-            a += 1;
-            b += 1;
-        }
-    }
-    sum
 }

@@ -10,7 +10,9 @@
 use std::collections::HashMap;
 
 use crate::join::{Cancel, PairList, ProbeOptions, Selection};
-use crate::metric::{with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring};
+use crate::metric::{
+    sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring,
+};
 use crate::vector::SparseBatch;
 
 /// A column held by at least `rows / DENSE_RATIO` rows is stored dense. At that density a dense
@@ -86,6 +88,10 @@ pub struct CpuIndex {
     pub(crate) row_ptr: Vec<usize>,
     pub(crate) row_cols: Vec<u32>,
     pub(crate) row_vals: Vec<f32>,
+    /// For a sum (`union_sum`): each row's nonzeros by their own index, as
+    /// `metric::sorted_nonzeros` gives them, so `metric::union_distance` computes every candidate
+    /// in one order whatever the index holds (the GPU's exact step uses the same function).
+    pub(crate) row_entries: Vec<(i32, f32)>,
     /// A sum with an exact union term (minkowski): probed by `certified`.
     pub(crate) union_sum: bool,
     /// The most nonzeros of one right row (bounds the rounding error of `certified`).
@@ -153,6 +159,7 @@ impl CpuIndex {
             row_ptr: Vec::new(),
             row_cols: Vec::new(),
             row_vals: Vec::new(),
+            row_entries: Vec::new(),
             union_sum: !max_reduction && s.has_exact_term(),
             max_row_len: (0..rows).map(|r| right.row_len(r)).max().unwrap_or(0),
         };
@@ -222,11 +229,19 @@ impl CpuIndex {
         self.col_ptr = counts;
     }
 
-    /// Right rows by column id, zeros dropped: largest |value| first when `by_magnitude`, else
-    /// sorted by column id.
+    /// Right rows, zeros dropped: by column id, largest |value| first when `by_magnitude`, else
+    /// as `row_entries` (by index).
     fn build_rows(&mut self, right: &SparseBatch, nnz: usize, by_magnitude: bool) {
         self.row_ptr = Vec::with_capacity(self.rows + 1);
         self.row_ptr.push(0);
+        if !by_magnitude {
+            self.row_entries = Vec::with_capacity(nnz);
+            for r in 0..self.rows {
+                self.row_entries.extend(sorted_nonzeros(right.row(r)));
+                self.row_ptr.push(self.row_entries.len());
+            }
+            return;
+        }
         self.row_cols = Vec::with_capacity(nnz);
         self.row_vals = Vec::with_capacity(nnz);
         let mut entries: Vec<(u32, f32)> = Vec::new();
@@ -270,7 +285,8 @@ impl CpuIndex {
                 + self.dense_slot.len()
                 + self.dense_vals.len()
                 + self.row_cols.len()
-                + self.row_vals.len())
+                + self.row_vals.len()
+                + self.row_entries.len() * 2)
                 * 4
             + match &self.columns {
                 ColumnMap::Direct(_) => 0,

@@ -48,6 +48,7 @@ impl JoinIndex for CpuIndex {
             pairs,
             compute_time: started.elapsed(),
             bytes_to_device: 0,
+            gpu_times: Vec::new(),
         })
     }
 

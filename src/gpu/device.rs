@@ -3,17 +3,50 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError};
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, PushKernelArg,
+};
 use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
 
 use super::kernels::{self, MetricProgram};
 
 /// Turns a driver error into a DataFusion error that says what was being done.
 pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionError + '_ {
-    move |e| exec_datafusion_err!("GPU: {what} failed: {e}")
+    move |e| {
+        if is_sticky(&e) {
+            FAULTS.fetch_add(1, Ordering::Relaxed);
+            return exec_datafusion_err!(
+                "GPU: {what} failed: {e}; the device's context is reset before the next query \
+                 uses it"
+            );
+        }
+        exec_datafusion_err!("GPU: {what} failed: {e}")
+    }
+}
+
+/// Sticky errors seen so far. After one, every call on that context fails until the context is
+/// destroyed; [`device`] then checks its devices and reopens the broken ones.
+static FAULTS: AtomicU64 = AtomicU64::new(0);
+
+/// Errors that leave the CUDA context unusable (a kernel fault, not a refused call).
+fn is_sticky(e: &DriverError) -> bool {
+    matches!(
+        e.0,
+        CUresult::CUDA_ERROR_ILLEGAL_ADDRESS
+            | CUresult::CUDA_ERROR_LAUNCH_FAILED
+            | CUresult::CUDA_ERROR_ILLEGAL_INSTRUCTION
+            | CUresult::CUDA_ERROR_MISALIGNED_ADDRESS
+            | CUresult::CUDA_ERROR_INVALID_ADDRESS_SPACE
+            | CUresult::CUDA_ERROR_INVALID_PC
+            | CUresult::CUDA_ERROR_HARDWARE_STACK_ERROR
+            | CUresult::CUDA_ERROR_ASSERT
+            | CUresult::CUDA_ERROR_LAUNCH_TIMEOUT
+            | CUresult::CUDA_ERROR_ECC_UNCORRECTABLE
+    )
 }
 
 /// Whether an error is the driver running out of device memory (a smaller chunk may fit).
@@ -84,21 +117,48 @@ pub(crate) fn device_count() -> Result<usize> {
         .map_err(|e| exec_datafusion_err!("GPU: {e}"))
 }
 
-/// A device opened on first use, or why it could not be.
-type DeviceSlot = OnceLock<std::result::Result<Arc<Device>, String>>;
+/// A device opened on first use (or why it could not be), and the fault count it was last
+/// checked at.
+#[derive(Default)]
+struct DeviceSlot {
+    opened: Option<std::result::Result<Arc<Device>, String>>,
+    checked_at_fault: u64,
+}
 
-/// The device with this ordinal, its context created on first use.
+/// The device with this ordinal, its context created on first use, and created again when an
+/// earlier query left it broken (a sticky error: see [`FAULTS`]) and nothing uses it any more.
 pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
-    static DEVICES: OnceLock<Vec<DeviceSlot>> = OnceLock::new();
+    static DEVICES: OnceLock<Vec<Mutex<DeviceSlot>>> = OnceLock::new();
     let count = device_count()?;
     if ordinal >= count {
         return Err(exec_datafusion_err!(
             "GPU: no device {ordinal} ({count} found)"
         ));
     }
-    let slots = DEVICES.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
-    slots[ordinal]
-        .get_or_init(|| open(ordinal).map(Arc::new).map_err(|e| e.to_string()))
+    let slots = DEVICES.get_or_init(|| (0..count).map(|_| Mutex::default()).collect());
+    let mut slot = slots[ordinal].lock().unwrap_or_else(|e| e.into_inner());
+    let faults = FAULTS.load(Ordering::Relaxed);
+    if let Some(Ok(dev)) = &slot.opened {
+        if slot.checked_at_fault != faults {
+            if let Err(e) = dev.health() {
+                if Arc::strong_count(dev) > 1 {
+                    // Indexes of running queries still hold the broken context; destroying it
+                    // under them would free memory they point at.
+                    return Err(exec_datafusion_err!(
+                        "GPU {ordinal} stopped after a CUDA error ({e}); it is reopened once \
+                         the queries still using it end"
+                    ));
+                }
+                log::warn!("GPU {ordinal}: reopening the device after a CUDA error ({e})");
+                // The last reference: dropping it releases the primary context, which the
+                // driver then destroys, and the next open starts a clean one.
+                slot.opened = None;
+            }
+            slot.checked_at_fault = faults;
+        }
+    }
+    slot.opened
+        .get_or_insert_with(|| open(ordinal).map(Arc::new).map_err(|e| e.to_string()))
         .clone()
         .map_err(|e| exec_datafusion_err!("{e}"))
 }
@@ -140,6 +200,13 @@ fn open(ordinal: usize) -> Result<Device> {
 }
 
 impl Device {
+    /// Whether the context still works: a sticky error from any earlier call is returned by
+    /// every later one, a synchronize included.
+    fn health(&self) -> std::result::Result<(), DriverError> {
+        self.ctx.bind_to_thread()?;
+        self.stream.synchronize()
+    }
+
     /// The module of `program`, compiled with NVRTC for this device's architecture on first use.
     fn module(&self, key: u64, program: &MetricProgram) -> Result<Arc<CudaModule>> {
         let mut modules = self
@@ -206,4 +273,31 @@ impl Device {
             .map_err(cuda_err("reading free device memory"))?;
         Ok((free as u64, total as u64))
     }
+}
+
+/// Makes a kernel fault on GPU `ordinal` (a write to an invalid address), leaving its context
+/// broken as a faulty kernel would: for tests of the recovery in [`device`].
+#[doc(hidden)]
+pub fn fault_for_tests(ordinal: usize) -> Result<()> {
+    const SOURCE: &str = r#"extern "C" __global__ void fault(unsigned long long address) {
+        *(volatile int*)address = 1;
+    }"#;
+    let dev = device(ordinal)?;
+    let ptx = kernels::compile(SOURCE, "fault", &dev.arch)?;
+    let module = dev
+        .ctx
+        .load_module(ptx)
+        .map_err(cuda_err("loading the fault kernel"))?;
+    let f = module
+        .load_function("fault")
+        .map_err(cuda_err("finding the fault kernel"))?;
+    let address: u64 = 8;
+    let mut launch = dev.stream.launch_builder(&f);
+    launch.arg(&address);
+    // SAFETY: the kernel is meant to fault; the driver catches it and reports an error.
+    unsafe { launch.launch(cudarc::driver::LaunchConfig::for_num_elems(1)) }
+        .map_err(cuda_err("launching the fault kernel"))?;
+    dev.stream
+        .synchronize()
+        .map_err(cuda_err("running the fault kernel"))
 }

@@ -295,6 +295,11 @@ impl GpuIndex {
         })
     }
 
+    /// The CUDA ordinal of the GPU that holds this index.
+    pub fn ordinal(&self) -> usize {
+        self.device.ordinal
+    }
+
     pub fn stats(&self) -> GpuStats {
         self.inner
             .lock()

@@ -72,7 +72,7 @@ impl PartLaunch<'_> {
         }
         let nwork = work.len();
         let self_first = match options.exclude_self_from {
-            Some(first) => first as i64 + r0 as i64 - self.first_row as i64,
+            Some(first) => first + r0 as i64 - self.first_row as i64,
             None => NO_SELF,
         };
         let mut bytes = 0u64;

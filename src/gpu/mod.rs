@@ -22,12 +22,19 @@ mod stats;
 
 use std::time::Duration;
 
-use datafusion::common::Result;
+use std::sync::Arc;
 
+use datafusion::common::{exec_datafusion_err, exec_err, Result};
+
+#[doc(hidden)]
+pub use device::fault_for_tests;
 pub use index::GpuIndex;
 pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
-use crate::join::{Backend, Cancel, JoinIndex, ProbeOptions, Probed, Selection};
+use crate::join::{
+    build_shards, max_chunk_nnz, split_rows, Backend, Cancel, JoinIndex, ProbeOptions, Probed,
+    Selection,
+};
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
 
@@ -91,6 +98,101 @@ impl Backend for GpuBackend {
     fn build(&self, right: &SparseBatch, metric: &Metric) -> Result<Box<dyn JoinIndex>> {
         Ok(Box::new(GpuIndex::build(right, metric, &self.options)?))
     }
+
+    /// Shards the right side over the GPUs (consecutive row ranges of about equal nonzeros, one
+    /// per GPU, cut further where a range passes [`max_chunk_nnz`]); each GPU builds its shards
+    /// on its own thread and context, and probes ask every GPU at once.
+    fn build_pieces(
+        &self,
+        pieces: Vec<SparseBatch>,
+        metric: &Metric,
+    ) -> Result<Box<dyn JoinIndex>> {
+        let ordinals = self.ordinals()?;
+        let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
+        let per_gpu = total.div_ceil(ordinals.len()).max(1);
+        let chunks = split_rows(pieces, per_gpu.min(max_chunk_nnz()))?;
+        // A chunk goes to the GPU whose share of the nonzeros it starts in.
+        let mut owner = Vec::with_capacity(chunks.len());
+        let mut seen = 0usize;
+        for c in &chunks {
+            owner.push((seen / per_gpu).min(ordinals.len() - 1));
+            seen += c.nnz();
+        }
+        let mut options = self.options.clone();
+        if let Some(limit) = options.memory_limit {
+            // The limit is per GPU: its shards share it.
+            let most = (0..ordinals.len())
+                .map(|g| owner.iter().filter(|&&o| o == g).count())
+                .max()
+                .unwrap_or(1)
+                .max(1);
+            options.memory_limit = Some(limit / most as u64);
+        }
+        let built: Vec<Result<Vec<(usize, GpuIndex)>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = ordinals
+                .iter()
+                .enumerate()
+                .map(|(g, &ordinal)| {
+                    let (chunks, owner, options) = (&chunks, &owner, &options);
+                    scope.spawn(move || {
+                        let device = device::device(ordinal)?;
+                        (0..chunks.len())
+                            .filter(|&i| owner[i] == g)
+                            .map(|i| {
+                                let index = crate::with_semiring!(metric, s => {
+                                    GpuIndex::build_on(Arc::clone(&device), &chunks[i], &s, options)
+                                })?;
+                                Ok((i, index))
+                            })
+                            .collect()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(exec_datafusion_err!("GPU: a build panicked")))
+                })
+                .collect()
+        });
+        let mut indexes: Vec<Option<GpuIndex>> = (0..chunks.len()).map(|_| None).collect();
+        for per_device in built {
+            for (i, index) in per_device? {
+                indexes[i] = Some(index);
+            }
+        }
+        let similarity = metric.kind.is_similarity();
+        let indexes = std::sync::Mutex::new(indexes);
+        build_shards(chunks, similarity, true, |i, _| {
+            let index = indexes
+                .lock()
+                .map_err(|_| exec_datafusion_err!("GPU: a build panicked"))?[i]
+                .take()
+                .ok_or_else(|| exec_datafusion_err!("GPU: shard {i} was not built"))?;
+            Ok(Box::new(index) as Box<dyn JoinIndex>)
+        })
+    }
+}
+
+impl GpuBackend {
+    /// The GPUs to use: those of the `gpus` option, or every visible one.
+    pub fn ordinals(&self) -> Result<Vec<usize>> {
+        let count = device::device_count()?;
+        match &self.options.gpus {
+            Some(list) => {
+                if let Some(&bad) = list.iter().find(|&&g| g >= count) {
+                    return exec_err!(
+                        "GPU: option gpus names GPU {bad}, but {count} GPU(s) are visible \
+                         (ordinals 0 to {})",
+                        count - 1
+                    );
+                }
+                Ok(list.clone())
+            }
+            None => Ok((0..count).collect()),
+        }
+    }
 }
 
 impl JoinIndex for GpuIndex {
@@ -102,10 +204,12 @@ impl JoinIndex for GpuIndex {
         cancel: &Cancel,
     ) -> Result<Probed> {
         let (pairs, stats) = self.probe_counted(left, selection, options, cancel)?;
+        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
         Ok(Probed {
             pairs,
-            compute_time: Duration::from_nanos(stats.kernel_nanos),
+            compute_time: kernel_time,
             bytes_to_device: stats.bytes_to_device,
+            gpu_times: vec![(self.ordinal(), kernel_time)],
         })
     }
 
@@ -116,5 +220,9 @@ impl JoinIndex for GpuIndex {
 
     fn build_bytes_to_device(&self) -> u64 {
         self.stats().bytes_to_device
+    }
+
+    fn devices(&self) -> Vec<usize> {
+        vec![self.ordinal()]
     }
 }

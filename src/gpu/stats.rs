@@ -5,8 +5,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Settings of one GPU join.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
-    /// Device memory the operator may use, in bytes (None: most of the device's free memory).
+    /// Device memory the operator may use on each GPU, in bytes (None: most of the device's
+    /// free memory).
     pub memory_limit: Option<u64>,
+    /// The CUDA ordinals to use (None: every visible GPU).
+    pub gpus: Option<Vec<usize>>,
 }
 
 /// Counters an operator reports in EXPLAIN ANALYZE.

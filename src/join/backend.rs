@@ -5,6 +5,7 @@ use std::time::Duration;
 use datafusion::common::Result;
 
 use super::cancel::Cancel;
+use super::sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use crate::metric::Metric;
@@ -18,6 +19,8 @@ pub struct Probed {
     pub compute_time: Duration,
     /// Bytes copied to a device for this probe (0 on the CPU).
     pub bytes_to_device: u64,
+    /// Kernel time on each GPU (by CUDA ordinal) that worked on this probe.
+    pub gpu_times: Vec<(usize, Duration)>,
 }
 
 /// The right side of a join, built once by a backend and probed by every left batch, possibly
@@ -49,6 +52,16 @@ pub trait JoinIndex: Send + Sync {
     fn build_bytes_to_device(&self) -> u64 {
         0
     }
+
+    /// The CUDA ordinals of the GPUs that hold this index (none on the CPU).
+    fn devices(&self) -> Vec<usize> {
+        Vec::new()
+    }
+
+    /// Row ranges of the right side indexed separately (see [`ShardedIndex`]).
+    fn shards(&self) -> usize {
+        1
+    }
 }
 
 /// A place joins run (the CPU cores, the GPUs): builds the right side's index.
@@ -58,4 +71,44 @@ pub trait Backend: Send + Sync {
 
     /// The index of `right` for `metric`; errors say what went wrong (no device, no memory).
     fn build(&self, right: &SparseBatch, metric: &Metric) -> Result<Box<dyn JoinIndex>>;
+
+    /// The index of a right side of any size, given as consecutive pieces (its batches, each
+    /// with 32-bit offsets): one index when it fits one batch, else a [`ShardedIndex`] over
+    /// pieces of at most [`max_chunk_nnz`] entries each.
+    fn build_pieces(
+        &self,
+        pieces: Vec<SparseBatch>,
+        metric: &Metric,
+    ) -> Result<Box<dyn JoinIndex>> {
+        let chunks = split_rows(pieces, max_chunk_nnz())?;
+        let similarity = metric.kind.is_similarity();
+        build_shards(chunks, similarity, false, |_, chunk| self.build(chunk, metric))
+    }
+}
+
+/// One index per chunk (`build(position, chunk)`), as a [`ShardedIndex`] when there are several;
+/// an empty right side is one empty chunk.
+pub fn build_shards(
+    mut chunks: Vec<SparseBatch>,
+    similarity: bool,
+    parallel: bool,
+    build: impl Fn(usize, &SparseBatch) -> Result<Box<dyn JoinIndex>>,
+) -> Result<Box<dyn JoinIndex>> {
+    if chunks.is_empty() {
+        chunks.push(SparseBatch::concat(&[])?);
+    }
+    if chunks.len() == 1 {
+        return build(0, &chunks[0]);
+    }
+    let mut shards = Vec::with_capacity(chunks.len());
+    let mut first_row = 0;
+    for (i, chunk) in chunks.iter().enumerate() {
+        shards.push(Shard {
+            first_row,
+            rows: chunk.len(),
+            index: build(i, chunk)?,
+        });
+        first_row += chunk.len();
+    }
+    Ok(Box::new(ShardedIndex::new(shards, similarity, parallel)?))
 }

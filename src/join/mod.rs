@@ -9,12 +9,14 @@ mod exclusion;
 mod merge;
 mod pairs;
 mod selection;
+mod sharded;
 mod topk;
 
-pub use backend::{Backend, JoinIndex, Probed};
+pub use backend::{build_shards, Backend, JoinIndex, Probed};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use exclusion::KeyGroups;
 pub use merge::{merge_nearest, merge_within};
 pub use pairs::PairList;
 pub use selection::{within, ProbeOptions, Selection};
+pub use sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
 pub use topk::TopK;

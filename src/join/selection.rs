@@ -13,15 +13,16 @@ pub enum Selection {
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct ProbeOptions {
     /// When set, the left batch's row `i` sits at position `first_row + i` of the self-joined
-    /// input, and the right row at that same position is skipped.
-    pub exclude_self_from: Option<u64>,
+    /// input, and the right row at that same position is skipped. Signed: seen from a shard of
+    /// the right side that starts after the batch's first row, the batch starts before row 0.
+    pub exclude_self_from: Option<i64>,
 }
 
 impl ProbeOptions {
     /// The options for the rows of this batch from `offset` on, as a batch of their own.
     pub fn shifted(&self, offset: usize) -> Self {
         ProbeOptions {
-            exclude_self_from: self.exclude_self_from.map(|first| first + offset as u64),
+            exclude_self_from: self.exclude_self_from.map(|first| first + offset as i64),
         }
     }
 
@@ -29,8 +30,8 @@ impl ProbeOptions {
     #[inline]
     pub fn excluded_right_row(&self, row: usize, right_rows: usize) -> Option<usize> {
         self.exclude_self_from
-            .map(|first| first + row as u64)
-            .filter(|&p| p < right_rows as u64)
+            .map(|first| first + row as i64)
+            .filter(|&p| p >= 0 && p < right_rows as i64)
             .map(|p| p as usize)
     }
 }

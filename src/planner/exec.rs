@@ -14,7 +14,7 @@ use arrow::compute::{concat_batches, take};
 use arrow::datatypes::{Schema, SchemaRef};
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
-use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::common::{exec_err, internal_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
 use datafusion::execution::TaskContext;
 use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
@@ -36,6 +36,7 @@ use super::spec::{Device, JoinKind, JoinSpec, Layout};
 use crate::cpu::CpuBackend;
 use crate::gpu::{GpuBackend, GpuOptions};
 use crate::join::{
+    max_chunk_nnz,
     Backend, Cancel, CancelOnDrop, JoinIndex, KeyGroups, PairList, ProbeOptions, Probed,
 };
 use crate::options::{DeviceChoice, ExcludeSelf};
@@ -223,23 +224,41 @@ fn physical_layout(
     ))
 }
 
+impl SparseJoinExec {
+    /// `, gpus=0,1` when a GPU join was asked for some GPUs (the default is all of them).
+    fn gpus_label(&self) -> String {
+        match (&self.device, &self.spec.options.gpus) {
+            (Device::Gpu, Some(list)) => format!(
+                ", gpus={}",
+                list.iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
 impl DisplayAs for SparseJoinExec {
     fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
         match t {
             DisplayFormatType::Default => write!(
                 f,
-                "{}: {}, device={}",
+                "{}: {}, device={}{}",
                 self.display_name(),
                 self.spec,
-                self.device
+                self.device,
+                self.gpus_label()
             ),
             DisplayFormatType::Verbose => {
                 write!(
                     f,
-                    "{}: {}, device={}",
+                    "{}: {}, device={}{}",
                     self.display_name(),
                     self.spec,
-                    self.device
+                    self.device,
+                    self.gpus_label()
                 )?;
                 // Why device=auto chose the CPU.
                 if self.spec.options.device == DeviceChoice::Auto && self.device == Device::Cpu {
@@ -385,6 +404,9 @@ impl ExecutionPlan for SparseJoinExec {
             kernel_time: MetricBuilder::new(&self.metrics).subset_time("kernel_time", partition),
             bytes_to_device: MetricBuilder::new(&self.metrics)
                 .counter("bytes_to_device", partition),
+            gpu_kernel_times: Arc::default(),
+            metrics: self.metrics.clone(),
+            partition,
         };
         let baseline = probe.baseline.clone();
         let mut next_row: u64 = 0;
@@ -400,10 +422,13 @@ impl ExecutionPlan for SparseJoinExec {
             let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
                 match (&build.input, reuse_right) {
                     (Some(input), true) => {
-                        let input = input.clone();
-                        let slices: Vec<Result<RecordBatch>> = (0..input.num_rows())
-                            .step_by(batch_size)
-                            .map(|s| Ok(input.slice(s, batch_size.min(input.num_rows() - s))))
+                        let slices: Vec<Result<RecordBatch>> = input
+                            .iter()
+                            .flat_map(|b| {
+                                (0..b.num_rows()).step_by(batch_size).map(|s| {
+                                    Ok(b.slice(s, batch_size.min(b.num_rows() - s)))
+                                })
+                            })
                             .collect();
                         futures::stream::iter(slices).boxed()
                     }
@@ -470,8 +495,9 @@ fn key_column(schema: &Schema, column: &str, side: &str) -> Result<usize> {
 struct BuildSide {
     index: Box<dyn JoinIndex>,
     rows: usize,
-    /// The right input itself, when the operator probes it against itself (exclude_self=true).
-    input: Option<RecordBatch>,
+    /// The right input itself, when the operator probes it against itself (exclude_self=true):
+    /// its batches as read (not concatenated: their list offsets may not fit one batch).
+    input: Option<Vec<RecordBatch>>,
     /// `exclude_self=COLUMN`: the right rows' key groups.
     key_groups: Option<KeyGroups>,
     /// The right input's other columns, all rows in order.
@@ -484,7 +510,7 @@ struct BuildSide {
 type BuiltSide = (
     Box<dyn JoinIndex>,
     Option<KeyGroups>,
-    Option<RecordBatch>,
+    Option<Vec<RecordBatch>>,
     RecordBatch,
     usize,
     u64,
@@ -497,6 +523,8 @@ struct BuildMetrics {
     time: Time,
     memory: Gauge,
     bytes_to_device: Count,
+    /// Row ranges indexed separately: more than one past 2^31 entries or over several GPUs.
+    shards: Count,
 }
 
 impl BuildMetrics {
@@ -506,6 +534,7 @@ impl BuildMetrics {
             time: MetricBuilder::new(metrics).subset_time("build_time", 0),
             memory: MetricBuilder::new(metrics).global_gauge("build_mem_used"),
             bytes_to_device: MetricBuilder::new(metrics).global_counter("build_bytes_to_device"),
+            shards: MetricBuilder::new(metrics).global_counter("build_shards"),
         }
     }
 }
@@ -570,28 +599,26 @@ impl BuildJob {
         };
         let built = SpawnedTask::spawn_blocking(move || -> Result<BuiltSide> {
             let check = spec.vector_check(&vector_name);
-            let mut vectors = Vec::with_capacity(batches.len());
+            // Pieces of at most max_chunk_nnz() entries; the backend cuts them into shards.
+            let mut pieces = Vec::with_capacity(batches.len());
             let mut row = 0u64;
             for batch in &batches {
                 let array = batch.column(layout.right_vector);
-                vectors.push(SparseBatch::try_from_array(
+                pieces.extend(SparseBatch::try_from_array_chunked(
                     array.as_ref(),
                     &check.clone().with_first_row(row),
+                    max_chunk_nnz(),
                 )?);
                 row += batch.num_rows() as u64;
             }
-            let vectors = SparseBatch::concat(&vectors)?;
+            let rows = row as usize;
             let others_schema = Arc::new(right_schema.project(&layout.right_others)?);
             let projected = batches
                 .iter()
                 .map(|b| b.project(&layout.right_others))
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             let others = concat_batches(&others_schema, &projected)?;
-            let input = if keep_input {
-                Some(concat_batches(&right_schema, &batches)?)
-            } else {
-                None
-            };
+            let input = keep_input.then(|| batches.clone());
             let key_groups = match right_key {
                 Some(i) => {
                     let keys: Vec<&dyn arrow::array::Array> =
@@ -606,20 +633,29 @@ impl BuildJob {
                 None => None,
             };
             drop(batches);
+            if rows > u32::MAX as usize {
+                return exec_err!(
+                    "{name}: the right side has {rows} rows; at most {} are supported",
+                    u32::MAX
+                );
+            }
             let backend: Box<dyn Backend> = match device {
                 Device::Cpu => Box::new(CpuBackend),
                 Device::Gpu => Box::new(GpuBackend {
                     options: GpuOptions {
                         memory_limit: spec.options.gpu_memory_limit,
+                        gpus: spec.options.gpus.clone(),
                     },
                 }),
             };
-            let index = backend.build(&vectors, &spec.metric)?;
+            let index = backend.build_pieces(pieces, &spec.metric)?;
             let size = index.memory_size()
                 + key_groups.as_ref().map_or(0, |g| g.memory_size())
-                + input.as_ref().map_or(0, |b| b.get_array_memory_size());
+                + input.as_ref().map_or(0, |bs| {
+                    bs.iter().map(RecordBatch::get_array_memory_size).sum()
+                });
             let bytes = index.build_bytes_to_device();
-            Ok((index, key_groups, input, others, size, bytes, vectors.len()))
+            Ok((index, key_groups, input, others, size, bytes, rows))
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
@@ -640,6 +676,7 @@ impl BuildJob {
         metrics.time.add_duration(started.elapsed());
         metrics.memory.set(retained);
         metrics.bytes_to_device.add(bytes as usize);
+        metrics.shards.add(index.shards());
         log::debug!(
             "{name}: built the right side ({rows} rows) on the {device} in {:?}",
             started.elapsed()
@@ -684,9 +721,27 @@ struct ProbeJob {
     pairs: Count,
     kernel_time: Time,
     bytes_to_device: Count,
+    /// `kernel_time_gpu<N>` per GPU that worked for this partition, registered on first use.
+    gpu_kernel_times: Arc<Mutex<Vec<(usize, Time)>>>,
+    metrics: ExecutionPlanMetricsSet,
+    partition: usize,
 }
 
 impl ProbeJob {
+    fn gpu_time(&self, ordinal: usize) -> Time {
+        let mut times = self
+            .gpu_kernel_times
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((_, t)) = times.iter().find(|(o, _)| *o == ordinal) {
+            return t.clone();
+        }
+        let t = MetricBuilder::new(&self.metrics)
+            .subset_time(format!("kernel_time_gpu{ordinal}"), self.partition);
+        times.push((ordinal, t.clone()));
+        t
+    }
+
     async fn run(
         &self,
         build: Arc<BuildSide>,
@@ -704,34 +759,49 @@ impl ProbeJob {
             pairs,
             compute_time: kernel,
             bytes_to_device: bytes,
+            gpu_times,
         } = SpawnedTask::spawn_blocking(move || -> Result<Probed> {
             let check = spec.vector_check(&column).with_first_row(first_row);
-            let left = SparseBatch::try_from_array(vectors.as_ref(), &check)?;
-            let options = ProbeOptions {
-                exclude_self_from: exclude_self.then_some(first_row),
+            // One piece unless the batch holds more entries than 32-bit offsets address.
+            let pieces =
+                SparseBatch::try_from_array_chunked(vectors.as_ref(), &check, max_chunk_nnz())?;
+            let groups = probe_build.key_groups.as_ref().zip(left_keys);
+            let selection = match &groups {
+                Some((groups, _)) => groups.widen(spec.kind.selection()),
+                None => spec.kind.selection(),
             };
-            let selection = spec.kind.selection();
-            match (&probe_build.key_groups, left_keys) {
-                (Some(groups), Some(keys)) => {
-                    let left_groups = groups.left_groups(&keys)?;
-                    let mut probed = probe_build.index.probe_cancellable(
-                        &left,
-                        groups.widen(selection),
-                        options,
-                        &cancel,
-                    )?;
-                    probed.pairs = groups.filter(probed.pairs, &left_groups, selection);
-                    Ok(probed)
+            let mut probed = Probed::default();
+            let mut offset = 0usize;
+            for left in &pieces {
+                let options = ProbeOptions {
+                    exclude_self_from: exclude_self.then_some((first_row + offset as u64) as i64),
+                };
+                let mut part =
+                    probe_build
+                        .index
+                        .probe_cancellable(left, selection, options, &cancel)?;
+                for l in part.pairs.left.iter_mut() {
+                    *l += offset as u32;
                 }
-                _ => probe_build
-                    .index
-                    .probe_cancellable(&left, selection, options, &cancel),
+                probed.pairs.append(part.pairs);
+                probed.compute_time += part.compute_time;
+                probed.bytes_to_device += part.bytes_to_device;
+                probed.gpu_times.extend(part.gpu_times);
+                offset += left.len();
             }
+            if let Some((groups, keys)) = groups {
+                let left_groups = groups.left_groups(&keys)?;
+                probed.pairs = groups.filter(probed.pairs, &left_groups, spec.kind.selection());
+            }
+            Ok(probed)
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
         self.kernel_time.add_duration(kernel);
         self.bytes_to_device.add(bytes as usize);
+        for (ordinal, time) in gpu_times {
+            self.gpu_time(ordinal).add_duration(time);
+        }
         let held = pairs.len() * 16;
         self.reserve(held, batch.num_rows())?;
 

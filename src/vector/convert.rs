@@ -119,6 +119,80 @@ fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<List
             )
         }
     })
+    .map(ListParts::rebased)
+}
+
+impl ListParts {
+    /// Only the child entries the rows use: a slice of a large array (one chunk of a column of
+    /// billions of entries) then converts in time proportional to its own entries.
+    fn rebased(mut self) -> Self {
+        let lo = self.ranges.first().map_or(0, |r| r.0);
+        let hi = self.ranges.last().map_or(0, |r| r.1);
+        if lo > 0 || hi < self.child.len() {
+            self.child = self.child.slice(lo, hi - lo);
+            for r in &mut self.ranges {
+                *r = (r.0 - lo, r.1 - lo);
+            }
+        }
+        self
+    }
+}
+
+/// Cumulative stored entries at each row boundary (`rows + 1` values from 0), for cutting a
+/// column into chunks before converting it; None for types without per-row lists (Null).
+fn entry_boundaries(array: &dyn Array) -> Option<Vec<u64>> {
+    let from_offsets = |o: Vec<u64>| -> Vec<u64> {
+        let first = o.first().copied().unwrap_or(0);
+        o.into_iter().map(|x| x - first).collect()
+    };
+    let list = |a: &dyn Array| -> Option<Vec<u64>> {
+        match a.data_type() {
+            DataType::List(_) => Some(from_offsets(
+                a.as_list::<i32>().offsets().iter().map(|&x| x as u64).collect(),
+            )),
+            DataType::LargeList(_) => Some(from_offsets(
+                a.as_list::<i64>().offsets().iter().map(|&x| x as u64).collect(),
+            )),
+            DataType::FixedSizeList(_, n) => {
+                Some((0..=a.len() as u64).map(|r| r * *n as u64).collect())
+            }
+            _ => None,
+        }
+    };
+    match array.data_type() {
+        DataType::Struct(_) => list(array.as_struct().column_by_name(INDICES)?.as_ref()),
+        DataType::Map(_, _) => Some(from_offsets(
+            array.as_map().offsets().iter().map(|&x| x as u64).collect(),
+        )),
+        _ => list(array),
+    }
+}
+
+/// Converts `array` as consecutive row ranges of at most `max_entries` stored entries each
+/// (a row with more is a range of its own), so a column of more than 2^31 entries (`LargeList`)
+/// becomes several batches with 32-bit offsets instead of an error.
+pub(super) fn to_sparse_batches(
+    array: &dyn Array,
+    check: &VectorCheck,
+    max_entries: usize,
+) -> Result<Vec<SparseBatch>> {
+    let bounds = match entry_boundaries(array) {
+        Some(b) if b.last().copied().unwrap_or(0) > max_entries as u64 => b,
+        _ => return Ok(vec![to_sparse_batch(array, check)?]),
+    };
+    let mut out = Vec::new();
+    let mut start = 0usize;
+    while start < array.len() {
+        let mut end = start + 1;
+        while end < array.len() && bounds[end + 1] - bounds[start] <= max_entries as u64 {
+            end += 1;
+        }
+        let part = array.slice(start, end - start);
+        let part_check = check.clone().with_first_row(check.first_row + start as u64);
+        out.push(to_sparse_batch(part.as_ref(), &part_check)?);
+        start = end;
+    }
+    Ok(out)
 }
 
 /// Indices of a flat child array, widened to i64 (row checks narrow them to u32).
@@ -270,12 +344,14 @@ fn from_map(array: &MapArray, check: &VectorCheck) -> Result<SparseBatch> {
         ranges: ranges.clone(),
         child: array.keys().clone(),
         nulls: None,
-    };
+    }
+    .rebased();
     let vp = ListParts {
         ranges,
         child: array.values().clone(),
         nulls: None,
-    };
+    }
+    .rebased();
     build(array.len(), &ip, &vp, array.nulls().cloned(), check)
 }
 

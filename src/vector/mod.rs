@@ -46,6 +46,22 @@ impl SparseBatch {
         Ok(batch)
     }
 
+    /// [`SparseBatch::try_from_array`] for a column of any size: consecutive row ranges of at
+    /// most `max_entries` stored entries each (see `join::max_chunk_nnz`).
+    pub fn try_from_array_chunked(
+        array: &dyn Array,
+        check: &VectorCheck,
+        max_entries: usize,
+    ) -> Result<Vec<Self>> {
+        let batches = convert::to_sparse_batches(array, check, max_entries)?;
+        let mut first_row = check.first_row;
+        for b in &batches {
+            check.clone().with_first_row(first_row).validate(b)?;
+            first_row += b.len() as u64;
+        }
+        Ok(batches)
+    }
+
     /// Builds a batch from parts without validation; the caller guarantees the CSR invariants.
     pub fn from_parts(
         offsets: ScalarBuffer<i32>,

@@ -1,0 +1,262 @@
+//! A right side held as several indexes over consecutive row ranges ("shards"): pieces small
+//! enough for a backend's 32-bit offsets (a right side of more than 2^31 nonzeros), or one range
+//! per GPU. A probe asks every shard for its own answer and merges them, so the result is the one
+//! a single index over all rows would give, ties included (merges order ties by global row).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use datafusion::common::{exec_datafusion_err, exec_err, Result};
+
+use super::backend::{JoinIndex, Probed};
+use super::cancel::Cancel;
+use super::merge::{merge_nearest, merge_within};
+use super::selection::{ProbeOptions, Selection};
+use crate::vector::SparseBatch;
+
+/// The most stored entries one piece of the right side (or one left batch) holds: what 32-bit
+/// list offsets can address. `SPARSE_KNN_MAX_CHUNK_NNZ` lowers it, so tests run the chunked path
+/// on small data.
+pub fn max_chunk_nnz() -> usize {
+    static LIMIT: OnceLock<usize> = OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        std::env::var("SPARSE_KNN_MAX_CHUNK_NNZ")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .map_or(i32::MAX as usize, |n| n.min(i32::MAX as usize))
+    })
+}
+
+/// Consecutive row ranges of `pieces` (in order), each of at most `target` nonzeros where rows
+/// allow (a single row larger than `target` is a range of its own).
+pub fn split_rows(pieces: Vec<SparseBatch>, target: usize) -> Result<Vec<SparseBatch>> {
+    let target = target.max(1);
+    let mut chunks = Vec::new();
+    let mut current: Vec<SparseBatch> = Vec::new();
+    let mut current_nnz = 0usize;
+    let flush = |current: &mut Vec<SparseBatch>, chunks: &mut Vec<SparseBatch>| {
+        if !current.is_empty() {
+            let batch = if current.len() == 1 {
+                current.pop().expect("one piece")
+            } else {
+                SparseBatch::concat(current)?
+            };
+            current.clear();
+            chunks.push(batch);
+        }
+        Ok::<_, datafusion::common::DataFusionError>(())
+    };
+    for piece in pieces {
+        let mut start = 0;
+        while start < piece.len() {
+            // The most rows from `start` that still fit beside what `current` holds.
+            let room = target.saturating_sub(current_nnz);
+            let base = piece.offsets()[start] as u32 as usize;
+            let mut end = start;
+            while end < piece.len()
+                && (piece.offsets()[end + 1] as u32 as usize) - base <= room
+            {
+                end += 1;
+            }
+            if end == start {
+                if current.is_empty() {
+                    // One row over the target: alone.
+                    end = start + 1;
+                } else {
+                    flush(&mut current, &mut chunks)?;
+                    current_nnz = 0;
+                    continue;
+                }
+            }
+            let taken = piece.slice(start, end - start);
+            current_nnz += taken.nnz();
+            current.push(taken);
+            start = end;
+            if current_nnz >= target {
+                flush(&mut current, &mut chunks)?;
+                current_nnz = 0;
+            }
+        }
+    }
+    flush(&mut current, &mut chunks)?;
+    Ok(chunks)
+}
+
+/// One row range of the right side and its index.
+pub struct Shard {
+    pub first_row: usize,
+    pub rows: usize,
+    pub index: Box<dyn JoinIndex>,
+}
+
+/// Several shards probed as one index.
+pub struct ShardedIndex {
+    shards: Vec<Shard>,
+    similarity: bool,
+    /// Probe the shards at once (they sit on different devices) or one after the other (each
+    /// already uses every CPU core).
+    parallel: bool,
+}
+
+impl ShardedIndex {
+    /// `shards` must cover consecutive row ranges from row 0, in order; all rows below 2^32
+    /// (pairs carry right rows as u32).
+    pub fn new(shards: Vec<Shard>, similarity: bool, parallel: bool) -> Result<Self> {
+        let mut next = 0usize;
+        for s in &shards {
+            if s.first_row != next {
+                return exec_err!("shard at row {} after row {next}", s.first_row);
+            }
+            next += s.rows;
+        }
+        if next > u32::MAX as usize {
+            return exec_err!(
+                "the right side has {next} rows; at most {} are supported",
+                u32::MAX
+            );
+        }
+        Ok(Self {
+            shards,
+            similarity,
+            parallel,
+        })
+    }
+
+    fn probe_shard(
+        shard: &Shard,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        let options = ProbeOptions {
+            exclude_self_from: options
+                .exclude_self_from
+                .map(|first| first - shard.first_row as i64),
+        };
+        let mut probed = shard
+            .index
+            .probe_cancellable(left, selection, options, cancel)?;
+        let offset = shard.first_row as u32;
+        for r in probed.pairs.right.iter_mut() {
+            *r += offset;
+        }
+        Ok(probed)
+    }
+}
+
+impl JoinIndex for ShardedIndex {
+    fn probe_cancellable(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        let probe = |s: &Shard| Self::probe_shard(s, left, selection, options, cancel);
+        let results: Vec<Result<Probed>> = if self.parallel && self.shards.len() > 1 {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = self
+                    .shards
+                    .iter()
+                    .map(|s| scope.spawn(move || probe(s)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .unwrap_or_else(|_| Err(exec_datafusion_err!("a shard's probe panicked")))
+                    })
+                    .collect()
+            })
+        } else {
+            // One at a time, stopping at the first error.
+            let mut out = Vec::with_capacity(self.shards.len());
+            for s in &self.shards {
+                let r = probe(s);
+                let failed = r.is_err();
+                out.push(r);
+                if failed {
+                    break;
+                }
+            }
+            out
+        };
+        let mut parts = Vec::with_capacity(results.len());
+        let mut compute_time = Duration::ZERO;
+        let mut bytes_to_device = 0;
+        let mut gpu_times: Vec<(usize, Duration)> = Vec::new();
+        for r in results {
+            let p = r?;
+            compute_time += p.compute_time;
+            bytes_to_device += p.bytes_to_device;
+            for (ordinal, t) in p.gpu_times {
+                match gpu_times.iter_mut().find(|(o, _)| *o == ordinal) {
+                    Some((_, total)) => *total += t,
+                    None => gpu_times.push((ordinal, t)),
+                }
+            }
+            parts.push(p.pairs);
+        }
+        let pairs = match selection {
+            Selection::Nearest(k) => merge_nearest(parts, k, self.similarity),
+            Selection::Within(_) => merge_within(parts),
+        };
+        Ok(Probed {
+            pairs,
+            compute_time,
+            bytes_to_device,
+            gpu_times,
+        })
+    }
+
+    fn memory_size(&self) -> usize {
+        self.shards.iter().map(|s| s.index.memory_size()).sum()
+    }
+
+    fn build_bytes_to_device(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.index.build_bytes_to_device())
+            .sum()
+    }
+
+    fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    fn devices(&self) -> Vec<usize> {
+        let mut all: Vec<usize> = self.shards.iter().flat_map(|s| s.index.devices()).collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(lens: &[usize]) -> SparseBatch {
+        let rows: Vec<Vec<(i32, f32)>> = lens
+            .iter()
+            .map(|&n| (0..n as i32).map(|i| (i, 1.0 + i as f32)).collect())
+            .collect();
+        SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())))
+    }
+
+    #[test]
+    fn split_rows_keeps_order_and_the_target() {
+        let pieces = vec![batch(&[3, 3, 3]), batch(&[1]), batch(&[7, 2, 2])];
+        let chunks = split_rows(pieces, 6).unwrap();
+        let lens: Vec<Vec<usize>> = chunks
+            .iter()
+            .map(|c| (0..c.len()).map(|r| c.row(r).0.len()).collect())
+            .collect();
+        // The 7-entry row is over the target: alone.
+        assert_eq!(lens, vec![vec![3, 3], vec![3, 1], vec![7], vec![2, 2]]);
+        assert!(chunks.iter().all(|c| c.nnz() <= 6 || c.len() == 1));
+        assert_eq!(split_rows(Vec::new(), 6).unwrap().len(), 0);
+    }
+}
