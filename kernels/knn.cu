@@ -403,22 +403,17 @@ extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a
 extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
 #endif
 
-// Union metrics (those with an exact term: chebyshev's max, minkowski's sum): the term over the
-// union of supports, exact, no folded form (minkowski's folded sum Σ|x|ᵖ + Σ|y|ᵖ − ... cancels
-// for large, nearly equal rows). MetricDef::term gives the term; a missing side is 0, and the
-// reduction is a max or a sum (`METRIC_REDUCTION_MAX`). One block per left row (the grid is
+// Union metrics (a max over the union of supports: chebyshev), exact; a max has no folded form
+// (sums with an exact term run the folded kernels in bound mode instead, see src/gpu/index.rs).
+// MetricDef::term gives the term; a missing side is 0. One block per left row (the grid is
 // capped at the number of `dense` scratch slots). The left row is scattered into its block's slot
 // of a dense array over the right side's columns; each warp walks right rows (CSR, column-sorted):
-// shared columns give term(x, y), right-only ones term(0, y). Left-only columns: for a max, the
-// largest is the first entry of the left row's list sorted by |x| (descending, prepared with the
-// batch) that the right row lacks, so a warp tests 32 entries at a time by binary search in the
-// right row and stops at the first missing one; for a sum every missing entry counts. Every lane
-// reduces its own strided part and the warp combines them in a fixed order: the same bits on
-// every run.
+// shared columns give term(x, y), right-only ones term(0, y). Left-only columns: the largest is
+// the first entry of the left row's list sorted by |x| (descending, prepared with the batch) that
+// the right row lacks, so a warp tests 32 entries at a time by binary search in the right row and
+// stops at the first missing one. A max does not depend on the order it is taken in: the same
+// bits on every run.
 #if METRIC_UNION
-__device__ __forceinline__ double reduce_term(double acc, double term) {
-    return METRIC_REDUCTION_MAX ? fmax(acc, term) : acc + term;
-}
 
 template <bool RADIUS> __device__ void union_body(const UnionArgs& a) {
     const int* work = a.work;
@@ -471,7 +466,7 @@ template <bool RADIUS> __device__ void union_body(const UnionArgs& a) {
                 const u32 p0 = r_ptr[j], p1 = r_ptr[j + 1];
                 double m = 0.0;
                 for (u32 q = p0 + lane; q < p1; q += 32) {
-                    m = reduce_term(m, MetricDef::term((double)slot[r_col[q]], (double)r_val[q], prm));
+                    m = fmax(m, MetricDef::term((double)slot[r_col[q]], (double)r_val[q], prm));
                 }
                 // Left-only columns.
                 for (int base = e0; base < e1; base += 32) {
@@ -489,19 +484,15 @@ template <bool RADIUS> __device__ void union_body(const UnionArgs& a) {
                             missing = !(lo < p1 && r_col[lo] == col);
                         }
                     }
-                    if (METRIC_REDUCTION_MAX) {
-                        u32 ballot = __ballot_sync(0xffffffffu, missing);
-                        if (ballot) {
-                            int first = __ffs(ballot) - 1;
-                            if (lane == first) m = reduce_term(m, MetricDef::term((double)ch_val[e], 0.0, prm));
-                            break;
-                        }
-                    } else if (missing) {
-                        m = reduce_term(m, MetricDef::term((double)ch_val[e], 0.0, prm));
+                    u32 ballot = __ballot_sync(0xffffffffu, missing);
+                    if (ballot) {
+                        int first = __ffs(ballot) - 1;
+                        if (lane == first) m = fmax(m, MetricDef::term((double)ch_val[e], 0.0, prm));
+                        break;
                     }
                 }
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) m = reduce_term(m, __shfl_xor_sync(0xffffffffu, m, o));
+                for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
                 if (lane == 0) dist_s[jj] = MetricDef::finish(m, 0.0, zero, zero, prm);
             }
             __syncthreads();

@@ -23,14 +23,17 @@ use arrow::datatypes::{
     DataType, Field, FieldRef, Float64Type, Int32Type, Int64Type, Schema, SchemaRef,
 };
 use arrow::ffi_stream::{ArrowArrayStreamReader, FFI_ArrowArrayStream};
-use datafusion::catalog::TableFunctionImpl;
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableFunctionArgs, TableFunctionImpl, TableProvider};
 use datafusion::common::ScalarValue;
 use datafusion::common::{exec_err, plan_err, DataFusionError, Result};
 use datafusion::dataframe::DataFrame;
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{
-    ColumnarValue, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    ColumnarValue, Expr, ReturnFieldArgs, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature,
+    TableType,
 };
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{ParquetReadOptions, SessionConfig, SessionContext};
 use datafusion_ffi::proto::logical_extension_codec::FFI_LogicalExtensionCodec;
 use datafusion_ffi::udf::FFI_ScalarUDF;
@@ -47,8 +50,8 @@ use tokio::runtime::Runtime;
 const ROW_ID: &str = "__sparse_knn_row";
 
 /// One runtime for the module: the joins run on it (with the GIL released), and datafusion-ffi
-/// enters it whenever datafusion-python polls one of our streams, since tokio's thread-local
-/// context of datafusion-python's own copy of tokio is not ours.
+/// enters it whenever datafusion-python executes one of our plans or polls one of our streams,
+/// since the thread-local context of datafusion-python's own copy of tokio is not ours.
 fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
     RUNTIME.get_or_init(|| {
@@ -578,6 +581,87 @@ impl ScalarFunction {
     }
 }
 
+/// `knn_join` / `radius_join` for datafusion-python: the call plans the join (argument checks,
+/// output schema), and the scan resolves the input tables again, in the session that scans.
+///
+/// Why: datafusion-ffi 55's `ForeignTableFunction::call_with_args` (udtf.rs, run inside
+/// datafusion-python) reads the runtime handle out of the exported function's private data,
+/// which belongs to this library, and puts it, as a handle of datafusion-python's own build of
+/// tokio (1.53, rustc 1.97 there; 1.54, rustc 1.95 here), into the session it hands the call.
+/// Every table that the call looks up in that session's catalog carries that handle, and
+/// datafusion-python enters it when it executes the table's scan: a Parquet, CSV or listing
+/// table's object store then spawns its blocking reads through the other tokio's code onto our
+/// runtime, and the process dies (SIGSEGV). In-memory scans never touch the runtime, which is
+/// why they worked. Exporting no handle crashes sooner: that field is read with the other
+/// build's layout of `Option<Handle>`, and our `None` does not come back as `None` there. The
+/// session datafusion-python passes to `scan` is one it built itself with no handle, so tables
+/// looked up there scan on datafusion-python's own runtime (the thread that polls them is one of
+/// its workers, or inside its `block_on`), while our plan still enters ours through
+/// datafusion-ffi.
+#[derive(Debug)]
+struct ResolvedAtScan {
+    inner: Arc<dyn TableFunctionImpl>,
+}
+
+impl TableFunctionImpl for ResolvedAtScan {
+    fn call_with_args(&self, args: TableFunctionArgs) -> Result<Arc<dyn TableProvider>> {
+        let planned = self
+            .inner
+            .call_with_args(TableFunctionArgs::new(args.exprs(), args.session()))?;
+        Ok(Arc::new(JoinResolvedAtScan {
+            function: Arc::clone(&self.inner),
+            args: args.exprs().to_vec(),
+            schema: planned.schema(),
+            table_type: planned.table_type(),
+        }))
+    }
+}
+
+/// A call of the join function, made again with the session of each scan.
+#[derive(Debug)]
+struct JoinResolvedAtScan {
+    function: Arc<dyn TableFunctionImpl>,
+    args: Vec<Expr>,
+    schema: SchemaRef,
+    table_type: TableType,
+}
+
+#[async_trait]
+impl TableProvider for JoinResolvedAtScan {
+    fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.schema)
+    }
+
+    fn table_type(&self) -> TableType {
+        self.table_type
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let table = self
+            .function
+            .call_with_args(TableFunctionArgs::new(&self.args, state))?;
+        if table.schema() != self.schema {
+            return plan_err!(
+                "an input of this join changed between planning and execution (its output \
+                 columns are now {:?}); run the query again",
+                table
+                    .schema()
+                    .fields()
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
+            );
+        }
+        table.scan(state, projection, filters, limit).await
+    }
+}
+
 /// `knn_join` or `radius_join` as a table function exported to datafusion-python. Its inputs are
 /// table names of the calling session or Parquet paths, given as strings.
 #[pyclass(frozen, module = "datafusion_sparse_knn._internal")]
@@ -621,7 +705,9 @@ impl TableFunction {
     ) -> PyResult<Bound<'py, PyCapsule>> {
         let codec = logical_codec(&session)?;
         let function = FFI_TableFunction::new_with_ffi_codec(
-            Arc::clone(&self.function),
+            Arc::new(ResolvedAtScan {
+                inner: Arc::clone(&self.function),
+            }),
             Some(runtime().handle().clone()),
             codec,
         );
