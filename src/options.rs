@@ -512,7 +512,8 @@ mod tests {
                 "sparse_knn.p",
                 "sparse_knn.dim",
                 "sparse_knn.exclude_self",
-                "sparse_knn.gpu_memory_limit"
+                "sparse_knn.gpu_memory_limit",
+                "sparse_knn.gpus"
             ]
         );
         ExtensionOptions::set(&mut config, "device", "cpu").unwrap();

@@ -751,8 +751,16 @@ fn write_large_list_copy(src: &Path, dst: &Path) {
     for b in read(src) {
         let at = b.schema().index_of("vec").unwrap();
         let s = b.column(at).as_struct();
-        let indices = cast(s.column_by_name("indices").unwrap(), &large(DataType::Int64)).unwrap();
-        let values = cast(s.column_by_name("values").unwrap(), &large(DataType::Float64)).unwrap();
+        let indices = cast(
+            s.column_by_name("indices").unwrap(),
+            &large(DataType::Int64),
+        )
+        .unwrap();
+        let values = cast(
+            s.column_by_name("values").unwrap(),
+            &large(DataType::Float64),
+        )
+        .unwrap();
         let fields = vec![
             Field::new("indices", indices.data_type().clone(), false),
             Field::new("values", values.data_type().clone(), false),
@@ -760,8 +768,12 @@ fn write_large_list_copy(src: &Path, dst: &Path) {
         let vec = StructArray::new(fields.into(), vec![indices, values], s.nulls().cloned());
         let mut columns: Vec<ArrayRef> = b.columns().to_vec();
         columns[at] = Arc::new(vec);
-        let mut schema_fields: Vec<Field> =
-            b.schema().fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut schema_fields: Vec<Field> = b
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone())
+            .collect();
         schema_fields[at] = Field::new("vec", columns[at].data_type().clone(), true);
         let batch = RecordBatch::try_new(Arc::new(Schema::new(schema_fields)), columns).unwrap();
         writer
@@ -788,8 +800,20 @@ fn knn_output(
     let o = out.to_str().unwrap();
     let result = bin()
         .args([
-            "knn", "--left", f, "--right", f, "--metric", metric, "-k", "7", "--exclude-self",
-            "--device", device, "--output", o,
+            "knn",
+            "--left",
+            f,
+            "--right",
+            f,
+            "--metric",
+            metric,
+            "-k",
+            "7",
+            "--exclude-self",
+            "--device",
+            device,
+            "--output",
+            o,
         ])
         .envs(env.iter().copied())
         .output()
@@ -829,7 +853,13 @@ fn chunked_sides_give_the_same_answers(device: &str) {
     write_large_list_copy(&canonical, &large);
     let lowered = [("SPARSE_KNN_MAX_CHUNK_NNZ", "2500")];
     for file in [&canonical, &large] {
-        for metric in ["cosine", "manhattan", "jensenshannon", "chebyshev", "minkowski"] {
+        for metric in [
+            "cosine",
+            "manhattan",
+            "jensenshannon",
+            "chebyshev",
+            "minkowski",
+        ] {
             // The reference is always the CPU in one piece.
             let whole = knn_output(dir.path(), file, metric, "cpu", &[]);
             let chunked = knn_output(dir.path(), file, metric, device, &lowered);

@@ -189,7 +189,7 @@ fn check_all_metrics(
         let gpu_index =
             GpuIndex::build(&right, &m, &options).unwrap_or_else(|e| panic!("{kind}: build: {e}"));
         for (sel, label) in [(Selection::Nearest(k), "knn")] {
-            for exclude in [None, Some(0u64)] {
+            for exclude in [None, Some(0i64)] {
                 let po = ProbeOptions {
                     exclude_self_from: exclude,
                 };
@@ -271,6 +271,7 @@ fn every_metric_matches_cpu_under_memory_limit() {
         5,
         GpuOptions {
             memory_limit: Some(250_000),
+            ..GpuOptions::default()
         },
     );
 }
@@ -338,6 +339,7 @@ fn radius_matches_cpu() {
                 &m,
                 &GpuOptions {
                     memory_limit: limit,
+                    ..GpuOptions::default()
                 },
             )
             .unwrap();
@@ -463,4 +465,64 @@ fn concurrent_probes_share_one_index() {
         let got = h.join().unwrap();
         compare("cosine concurrent", &m, &right, &right, &expected, &got);
     }
+}
+
+/// A cancelled probe stops between launches: set before the probe, no row is probed; set once
+/// the first launch is done, the rest of the left side is never launched.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cancelled_probe_stops_between_launches() {
+    use datafusion_sparse_knn::join::{Cancel, JoinIndex};
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(12);
+    let right = batch(&random_rows(&mut rng, 3000, DIM, 100, &[]));
+    let left = batch(&random_rows(&mut rng, 200_000, DIM, 60, &[]));
+    let m = metric(MetricKind::Cosine, DIM);
+    // A small budget: the left side goes up in many launches.
+    let options = GpuOptions {
+        memory_limit: Some(8_000_000),
+        ..GpuOptions::default()
+    };
+    let index = GpuIndex::build(&right, &m, &options).unwrap();
+
+    let cancelled = Cancel::new();
+    cancelled.cancel();
+    let e = index
+        .probe_cancellable(
+            &left,
+            Selection::Nearest(5),
+            ProbeOptions::default(),
+            &cancelled,
+        )
+        .unwrap_err();
+    assert!(e.to_string().contains("cancelled"), "{e}");
+    assert_eq!(cancelled.rows_probed(), 0);
+
+    let cancel = Cancel::new();
+    let watcher = {
+        let cancel = cancel.clone();
+        std::thread::spawn(move || {
+            while cancel.rows_probed() == 0 {
+                std::thread::yield_now();
+            }
+            cancel.cancel();
+        })
+    };
+    let result = index.probe_cancellable(
+        &left,
+        Selection::Nearest(5),
+        ProbeOptions::default(),
+        &cancel,
+    );
+    watcher.join().unwrap();
+    assert!(result.is_err());
+    let probed = cancel.rows_probed();
+    assert!(
+        probed < left.len() as u64 / 2,
+        "{probed} of {} rows probed",
+        left.len()
+    );
+    eprintln!("cancelled after {probed} of {} left rows", left.len());
 }

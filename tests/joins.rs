@@ -861,3 +861,119 @@ async fn exclude_self_by_identity_or_by_column() {
     .await;
     assert!(e.contains("has no column 'nope'"), "{e}");
 }
+
+/// k above the kernels' own top-k (1024) runs on the GPU: EXPLAIN ANALYZE shows that GPU's
+/// kernel time and the bytes it was sent, and the distances equal the CPU's rank by rank.
+/// `gpus=` picks GPUs (EXPLAIN says which); an ordinal that is not there is an error.
+#[tokio::test]
+#[ignore = "needs a CUDA GPU"]
+async fn large_k_and_chosen_gpus_run_on_the_gpu() {
+    let ctx = datafusion_sparse_knn::session_context();
+    let mut rng = StdRng::seed_from_u64(44);
+    let rows = random_rows(&mut rng, 6000, true);
+    ctx.register_table("t", table(&rows, 0, 2)).unwrap();
+    let sql = |device: &str| {
+        format!("SELECT * FROM knn_join(t, t, 'cosine', 5000, '{device}') ORDER BY query_id, rank")
+    };
+    let gpu = pairs(&query(&ctx, &sql("device=gpu, gpus=0")).await);
+    let cpu = pairs(&query(&ctx, &sql("device=cpu")).await);
+    assert_eq!(gpu.len(), cpu.len());
+    assert!(gpu.len() > 5000 * 5000, "{}", gpu.len());
+    let mut same_neighbour = 0usize;
+    for (g, c) in gpu.iter().zip(&cpu) {
+        assert_eq!((g.0, g.3), (c.0, c.3));
+        assert!(
+            close(g.2, c.2),
+            "query {} rank {}: {} vs {}",
+            g.0,
+            g.3,
+            g.2,
+            c.2
+        );
+        same_neighbour += usize::from(g.1 == c.1);
+    }
+    // Ties may order differently only where the two backends' distances differ in the last bits.
+    assert!(
+        same_neighbour * 100 >= gpu.len() * 99,
+        "{same_neighbour} of {}",
+        gpu.len()
+    );
+
+    let analyzed = query(
+        &ctx,
+        &format!("EXPLAIN ANALYZE {}", sql("device=gpu, gpus=0")),
+    )
+    .await;
+    let text = arrow::util::pretty::pretty_format_batches(&analyzed)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("k=5000, device=gpu, gpus=0"), "{text}");
+    assert!(text.contains("kernel_time_gpu0="), "{text}");
+    assert!(!text.contains(" bytes_to_device=0,"), "{text}");
+
+    let e = error(&ctx, &sql("device=gpu, gpus=0,57")).await;
+    assert!(e.contains("gpus names GPU 57"), "{e}");
+}
+
+/// A radius join whose output is every pair (36M) streams under a 200 MB memory pool: batches
+/// of the session's size, the pool never over its limit, and every pair counted; a pool too
+/// small for one probe slice is a resources error.
+#[tokio::test]
+async fn a_radius_join_matching_everything_streams_in_bounded_memory() {
+    use datafusion::execution::memory_pool::{GreedyMemoryPool, MemoryPool, TrackConsumersPool};
+    let limit = 200 * 1024 * 1024;
+    let pool = Arc::new(TrackConsumersPool::new(
+        GreedyMemoryPool::new(limit),
+        std::num::NonZeroUsize::new(3).unwrap(),
+    ));
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_pool(Arc::clone(&pool) as Arc<dyn MemoryPool>)
+        .build_arc()
+        .unwrap();
+    let config = SessionConfig::new().with_option_extension(SparseKnnConfig::default());
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    datafusion_sparse_knn::register_all(&ctx).unwrap();
+    let mut rng = StdRng::seed_from_u64(5);
+    let rows: Vec<_> = random_rows(&mut rng, 6000, true)
+        .into_iter()
+        .map(|r| {
+            Some(r.unwrap_or_default())
+                .filter(|v| !v.is_empty())
+                .or(Some(vec![(1, 1.0)]))
+        })
+        .collect();
+    ctx.register_table("d", table(&rows, 0, 1)).unwrap();
+    let df = ctx
+        .sql("SELECT query_id, distance FROM radius_join(d, d, 'cosine', 2.0, 'device=cpu')")
+        .await
+        .unwrap();
+    let mut stream = df.execute_stream().await.unwrap();
+    let (mut total, mut peak) = (0usize, 0usize);
+    use futures::StreamExt;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.unwrap();
+        assert!(batch.num_rows() <= 8192, "{}", batch.num_rows());
+        total += batch.num_rows();
+        peak = peak.max(pool.reserved());
+    }
+    assert_eq!(total, 6000 * 6000);
+    assert!(peak <= limit, "{peak}");
+
+    let runtime = RuntimeEnvBuilder::new()
+        .with_memory_limit(4 * 1024 * 1024, 1.0)
+        .build_arc()
+        .unwrap();
+    let config = SessionConfig::new().with_option_extension(SparseKnnConfig::default());
+    let small = SessionContext::new_with_config_rt(config, runtime);
+    datafusion_sparse_knn::register_all(&small).unwrap();
+    small.register_table("d", table(&rows, 0, 1)).unwrap();
+    let e = error(
+        &small,
+        "SELECT count(*) FROM radius_join(d, d, 'cosine', 2.0, 'device=cpu')",
+    )
+    .await;
+    assert!(
+        e.contains("Resources exhausted") && e.contains("RadiusJoinExec"),
+        "{e}"
+    );
+}

@@ -5,9 +5,9 @@ use std::time::Duration;
 use datafusion::common::Result;
 
 use super::cancel::Cancel;
-use super::sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
+use super::sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
 use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
@@ -82,7 +82,9 @@ pub trait Backend: Send + Sync {
     ) -> Result<Box<dyn JoinIndex>> {
         let chunks = split_rows(pieces, max_chunk_nnz())?;
         let similarity = metric.kind.is_similarity();
-        build_shards(chunks, similarity, false, |_, chunk| self.build(chunk, metric))
+        build_shards(chunks, similarity, false, |_, chunk| {
+            self.build(chunk, metric)
+        })
     }
 }
 

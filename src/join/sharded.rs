@@ -54,9 +54,7 @@ pub fn split_rows(pieces: Vec<SparseBatch>, target: usize) -> Result<Vec<SparseB
             let room = target.saturating_sub(current_nnz);
             let base = piece.offsets()[start] as u32 as usize;
             let mut end = start;
-            while end < piece.len()
-                && (piece.offsets()[end + 1] as u32 as usize) - base <= room
-            {
+            while end < piece.len() && (piece.offsets()[end + 1] as u32 as usize) - base <= room {
                 end += 1;
             }
             if end == start {
@@ -165,8 +163,9 @@ impl JoinIndex for ShardedIndex {
                 handles
                     .into_iter()
                     .map(|h| {
-                        h.join()
-                            .unwrap_or_else(|_| Err(exec_datafusion_err!("a shard's probe panicked")))
+                        h.join().unwrap_or_else(|_| {
+                            Err(exec_datafusion_err!("a shard's probe panicked"))
+                        })
                     })
                     .collect()
             })

@@ -36,8 +36,8 @@ use super::spec::{Device, JoinKind, JoinSpec, Layout};
 use crate::cpu::CpuBackend;
 use crate::gpu::{GpuBackend, GpuOptions};
 use crate::join::{
-    max_chunk_nnz,
-    Backend, Cancel, CancelOnDrop, JoinIndex, KeyGroups, PairList, ProbeOptions, Probed,
+    max_chunk_nnz, Backend, Cancel, CancelOnDrop, JoinIndex, KeyGroups, PairList, ProbeOptions,
+    Probed,
 };
 use crate::options::{DeviceChoice, ExcludeSelf};
 use crate::vector::SparseBatch;
@@ -333,7 +333,10 @@ impl ExecutionPlan for SparseJoinExec {
                 Distribution::UnspecifiedDistribution
             }
         };
-        vec![whole(self.spec.options.exclude_self.by_identity()), whole(true)]
+        vec![
+            whole(self.spec.options.exclude_self.by_identity()),
+            whole(true),
+        ]
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
@@ -425,9 +428,9 @@ impl ExecutionPlan for SparseJoinExec {
                         let slices: Vec<Result<RecordBatch>> = input
                             .iter()
                             .flat_map(|b| {
-                                (0..b.num_rows()).step_by(batch_size).map(|s| {
-                                    Ok(b.slice(s, batch_size.min(b.num_rows() - s)))
-                                })
+                                (0..b.num_rows())
+                                    .step_by(batch_size)
+                                    .map(|s| Ok(b.slice(s, batch_size.min(b.num_rows() - s))))
                             })
                             .collect();
                         futures::stream::iter(slices).boxed()
@@ -776,10 +779,9 @@ impl ProbeJob {
                 let options = ProbeOptions {
                     exclude_self_from: exclude_self.then_some((first_row + offset as u64) as i64),
                 };
-                let mut part =
-                    probe_build
-                        .index
-                        .probe_cancellable(left, selection, options, &cancel)?;
+                let mut part = probe_build
+                    .index
+                    .probe_cancellable(left, selection, options, &cancel)?;
                 for l in part.pairs.left.iter_mut() {
                     *l += offset as u32;
                 }

@@ -83,7 +83,7 @@ struct ListParts {
 
 fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<ListParts> {
     let ranges_of = |o: &[usize]| o.windows(2).map(|w| (w[0], w[1])).collect::<Vec<_>>();
-    Ok(match array.data_type() {
+    let parts = match array.data_type() {
         DataType::List(_) => {
             let l = array.as_list::<i32>();
             let o: Vec<usize> = l.offsets().iter().map(|&x| x as usize).collect();
@@ -118,8 +118,8 @@ fn list_parts(array: &dyn Array, check: &VectorCheck, what: &str) -> Result<List
                 check.column_label()
             )
         }
-    })
-    .map(ListParts::rebased)
+    };
+    Ok(parts.rebased())
 }
 
 impl ListParts {
@@ -148,10 +148,18 @@ fn entry_boundaries(array: &dyn Array) -> Option<Vec<u64>> {
     let list = |a: &dyn Array| -> Option<Vec<u64>> {
         match a.data_type() {
             DataType::List(_) => Some(from_offsets(
-                a.as_list::<i32>().offsets().iter().map(|&x| x as u64).collect(),
+                a.as_list::<i32>()
+                    .offsets()
+                    .iter()
+                    .map(|&x| x as u64)
+                    .collect(),
             )),
             DataType::LargeList(_) => Some(from_offsets(
-                a.as_list::<i64>().offsets().iter().map(|&x| x as u64).collect(),
+                a.as_list::<i64>()
+                    .offsets()
+                    .iter()
+                    .map(|&x| x as u64)
+                    .collect(),
             )),
             DataType::FixedSizeList(_, n) => {
                 Some((0..=a.len() as u64).map(|r| r * *n as u64).collect())
