@@ -30,13 +30,20 @@ if [ "$mode" = test ]; then
     /tmp/gpu_test --ignored --test-threads=1 2>&1 | tee "$OUT/gpu_test.log"
     echo "gpu_test exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
     # Other test binaries with GPU cases (a metric defined in a test; SQL joins with device=gpu).
-    for t in custom_metric_test real_counts_test joins_test; do
+    for t in custom_metric_test real_counts_test joins_test gpu_sql_test; do
         if ls devrun/$t* >/dev/null 2>&1; then
             unpack $t
             /tmp/$t --include-ignored --test-threads=1 2>&1 | tee -a "$OUT/gpu_test.log"
             echo "$t exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
         fi
     done
+    # The CLI's GPU cases (the chunked right side), with the binary they drive.
+    if ls devrun/cli_test* >/dev/null 2>&1 && ls devrun/sparse-knn* >/dev/null 2>&1; then
+        unpack cli_test
+        unpack sparse-knn
+        SPARSE_KNN_BIN=/tmp/sparse-knn /tmp/cli_test --ignored --test-threads=1 2>&1 | tee -a "$OUT/gpu_test.log"
+        echo "cli_test exit ${PIPESTATUS[0]}" | tee -a "$OUT/summary.txt"
+    fi
     SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     if [ -x "$SAN" ]; then
         # The smaller tests: memcheck slows kernels down by orders of magnitude.
@@ -105,4 +112,30 @@ if [ "$mode" = compare ]; then
         done
     done
     tar czf "$OUT/compare_json.tgz" -C /tmp/json .
+fi
+
+if [ "$mode" = big ]; then
+    # A right side of more than 2^31 stored entries (BIG_ROWS rows of the scRNA shape, ~1,800
+    # entries a row), probed by BIG_QUERIES rows of the same shape on the GPU and on the CPU; the
+    # two answers are compared row by row (ranks, neighbours, distances).
+    unpack sparse-knn
+    K=/tmp/sparse-knn
+    mkdir -p /tmp/big
+    R=/tmp/big/right.parquet; Lq=/tmp/big/left.parquet
+    /usr/bin/time -v $K generate --shape scrna --rows "${BIG_ROWS:-1250000}" --seed 1 --output $R 2>&1 \
+        | grep -E "generate:|Maximum resident|Elapsed" | tee -a "$OUT/big.log"
+    $K generate --shape scrna --rows "${BIG_QUERIES:-64}" --seed 2 --output $Lq 2>&1 | tail -1 | tee -a "$OUT/big.log"
+    ls -la /tmp/big | tee -a "$OUT/big.log"
+    for dev in gpu cpu; do
+        echo "== $dev" | tee -a "$OUT/big.log"
+        /usr/bin/time -v $K sql -c "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('$Lq', '$R', 'cosine', 10, 'device=$dev')" 2>&1 \
+            | grep -oE "KnnJoinExec.*|build_shards=[0-9]+|build_rows=[0-9]+|build_time=[^,]*|kernel_time[a-z0-9_]*=[^,]*|Maximum resident.*|Elapsed.*" \
+            | tee -a "$OUT/big.log"
+        /usr/bin/time -v $K knn --left $Lq --right $R --metric cosine -k 10 --device $dev \
+            --output /tmp/big/out_$dev.parquet 2>&1 | grep -vE "^\s+(Page|Volun|Invol|Swaps|File|Socket|Signals|Minor|Major|Average|Exit|Percent|System|User|Command)" \
+            | tee -a "$OUT/big.log"
+    done
+    $K sql -c "SELECT count(*) AS pairs, sum(CASE WHEN g.neighbor_id = c.neighbor_id THEN 1 ELSE 0 END) AS same_neighbour, \
+        max(abs(g.distance - c.distance)) AS max_abs_diff FROM '/tmp/big/out_gpu.parquet' g \
+        JOIN '/tmp/big/out_cpu.parquet' c ON g.query_id = c.query_id AND g.rank = c.rank" 2>&1 | tee -a "$OUT/big.log"
 fi

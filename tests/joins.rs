@@ -862,59 +862,6 @@ async fn exclude_self_by_identity_or_by_column() {
     assert!(e.contains("has no column 'nope'"), "{e}");
 }
 
-/// k above the kernels' own top-k (1024) runs on the GPU: EXPLAIN ANALYZE shows that GPU's
-/// kernel time and the bytes it was sent, and the distances equal the CPU's rank by rank.
-/// `gpus=` picks GPUs (EXPLAIN says which); an ordinal that is not there is an error.
-#[tokio::test]
-#[ignore = "needs a CUDA GPU"]
-async fn large_k_and_chosen_gpus_run_on_the_gpu() {
-    let ctx = datafusion_sparse_knn::session_context();
-    let mut rng = StdRng::seed_from_u64(44);
-    let rows = random_rows(&mut rng, 6000, true);
-    ctx.register_table("t", table(&rows, 0, 2)).unwrap();
-    let sql = |device: &str| {
-        format!("SELECT * FROM knn_join(t, t, 'cosine', 5000, '{device}') ORDER BY query_id, rank")
-    };
-    let gpu = pairs(&query(&ctx, &sql("device=gpu, gpus=0")).await);
-    let cpu = pairs(&query(&ctx, &sql("device=cpu")).await);
-    assert_eq!(gpu.len(), cpu.len());
-    assert!(gpu.len() > 5000 * 5000, "{}", gpu.len());
-    let mut same_neighbour = 0usize;
-    for (g, c) in gpu.iter().zip(&cpu) {
-        assert_eq!((g.0, g.3), (c.0, c.3));
-        assert!(
-            close(g.2, c.2),
-            "query {} rank {}: {} vs {}",
-            g.0,
-            g.3,
-            g.2,
-            c.2
-        );
-        same_neighbour += usize::from(g.1 == c.1);
-    }
-    // Ties may order differently only where the two backends' distances differ in the last bits.
-    assert!(
-        same_neighbour * 100 >= gpu.len() * 99,
-        "{same_neighbour} of {}",
-        gpu.len()
-    );
-
-    let analyzed = query(
-        &ctx,
-        &format!("EXPLAIN ANALYZE {}", sql("device=gpu, gpus=0")),
-    )
-    .await;
-    let text = arrow::util::pretty::pretty_format_batches(&analyzed)
-        .unwrap()
-        .to_string();
-    assert!(text.contains("k=5000, device=gpu, gpus=0"), "{text}");
-    assert!(text.contains("kernel_time_gpu0="), "{text}");
-    assert!(!text.contains(" bytes_to_device=0,"), "{text}");
-
-    let e = error(&ctx, &sql("device=gpu, gpus=0,57")).await;
-    assert!(e.contains("gpus names GPU 57"), "{e}");
-}
-
 /// A radius join whose output is every pair (36M) streams under a 200 MB memory pool: batches
 /// of the session's size, the pool never over its limit, and every pair counted; a pool too
 /// small for one probe slice is a resources error.

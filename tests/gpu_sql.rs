@@ -1,0 +1,144 @@
+//! GPU joins through SQL, in a test binary of their own (the fault test breaks the device for
+//! whatever else runs in the process at that moment; run with `--test-threads=1`):
+//! - after a kernel fault (a sticky CUDA error: every later call on that context fails), the
+//!   next query opens the device again and runs;
+//! - k above the kernels' own top-k runs on the GPU, `gpus=` picks GPUs.
+//!
+//! Needs a CUDA GPU: `cargo test --release --test gpu_sql -- --ignored --test-threads=1`.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
+use datafusion::prelude::SessionContext;
+use datafusion_sparse_knn::SparseBatch;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// Rows of up to `max_degree` raw counts (1..3000) over 500 columns, every fifth one a copy of
+/// an earlier row (exact ties).
+fn rows(seed: u64, n: usize, max_degree: usize) -> Vec<Vec<(i32, f32)>> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut out: Vec<Vec<(i32, f32)>> = Vec::with_capacity(n);
+    for r in 0..n {
+        if r % 5 == 4 {
+            let copy = out[r / 2].clone();
+            out.push(copy);
+            continue;
+        }
+        let mut cols: Vec<i32> = (0..rng.random_range(1..max_degree))
+            .map(|_| rng.random_range(0..500))
+            .collect();
+        cols.sort_unstable();
+        cols.dedup();
+        out.push(
+            cols.into_iter()
+                .map(|c| (c, rng.random_range(1..3000) as f32))
+                .collect(),
+        );
+    }
+    out
+}
+
+fn context(rows: &[Vec<(i32, f32)>]) -> SessionContext {
+    let vectors = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("v", datafusion_sparse_knn::sparse_vector_type(), true),
+    ]));
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(0..rows.len() as i64));
+    let batch = RecordBatch::try_new(schema, vec![ids, Arc::new(vectors.to_array())]).unwrap();
+    let ctx = datafusion_sparse_knn::session_context();
+    ctx.register_batch("t", batch).unwrap();
+    ctx
+}
+
+async fn query(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<Vec<RecordBatch>> {
+    ctx.sql(sql).await?.collect().await
+}
+
+/// (query_id, neighbor_id, distance, rank) of a join's output, in output order.
+fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let col = |name: &str| b.column_by_name(name).unwrap();
+        let q = col("query_id").as_primitive::<Int64Type>();
+        let n = col("neighbor_id").as_primitive::<Int64Type>();
+        let d = col("distance").as_primitive::<Float64Type>();
+        let r = col("rank").as_primitive::<Int32Type>();
+        for i in 0..b.num_rows() {
+            out.push((q.value(i), n.value(i), d.value(i), r.value(i)));
+        }
+    }
+    out
+}
+
+#[tokio::test]
+#[ignore = "needs a CUDA GPU"]
+async fn a_query_after_a_kernel_fault_runs_on_a_fresh_context() {
+    let ctx = context(&rows(3, 2000, 40));
+    let sql = "SELECT query_id, neighbor_id, distance, rank FROM knn_join(t, t, 'euclidean', 5, \
+               'device=gpu') ORDER BY query_id, rank";
+    let before = query(&ctx, sql).await.unwrap();
+
+    let fault = datafusion_sparse_knn::gpu::fault_for_tests(0).unwrap_err();
+    assert!(fault.to_string().contains("ILLEGAL_ADDRESS"), "{fault}");
+
+    let after = query(&ctx, sql)
+        .await
+        .unwrap_or_else(|e| panic!("the query after the fault: {e}"));
+    assert_eq!(before, after);
+}
+
+/// k above the kernels' own top-k (1024) runs on the GPU: EXPLAIN ANALYZE shows that GPU's
+/// kernel time and the bytes it was sent, and the distances equal the CPU's rank by rank.
+/// `gpus=` picks GPUs (EXPLAIN says which); an ordinal that is not there is an error.
+#[tokio::test]
+#[ignore = "needs a CUDA GPU"]
+async fn large_k_and_chosen_gpus_run_on_the_gpu() {
+    let ctx = context(&rows(44, 6000, 60));
+    let sql = |options: &str| {
+        format!("SELECT * FROM knn_join(t, t, 'cosine', 5000, '{options}') ORDER BY query_id, rank")
+    };
+    let gpu = pairs(&query(&ctx, &sql("device=gpu, gpus=0")).await.unwrap());
+    let cpu = pairs(&query(&ctx, &sql("device=cpu")).await.unwrap());
+    assert_eq!(gpu.len(), 6000 * 5000);
+    assert_eq!(gpu.len(), cpu.len());
+    let mut same_neighbour = 0usize;
+    for (g, c) in gpu.iter().zip(&cpu) {
+        assert_eq!((g.0, g.3), (c.0, c.3));
+        assert!(
+            (g.2 - c.2).abs() <= 1e-9 * (1.0 + c.2.abs()),
+            "query {} rank {}: {} vs {}",
+            g.0,
+            g.3,
+            g.2,
+            c.2
+        );
+        same_neighbour += usize::from(g.1 == c.1);
+    }
+    // Ties order differently only where the backends' distances differ in the last bits.
+    assert!(
+        same_neighbour * 100 >= gpu.len() * 99,
+        "{same_neighbour} of {}",
+        gpu.len()
+    );
+
+    let analyzed = query(
+        &ctx,
+        &format!("EXPLAIN ANALYZE {}", sql("device=gpu, gpus=0")),
+    )
+    .await
+    .unwrap();
+    let text = arrow::util::pretty::pretty_format_batches(&analyzed)
+        .unwrap()
+        .to_string();
+    assert!(text.contains("k=5000, device=gpu, gpus=0"), "{text}");
+    assert!(text.contains("kernel_time_gpu0="), "{text}");
+    assert!(!text.contains(" bytes_to_device=0,"), "{text}");
+
+    let e = query(&ctx, &sql("device=gpu, gpus=0,57"))
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("gpus names GPU 57"), "{e}");
+}
