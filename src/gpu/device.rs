@@ -20,8 +20,8 @@ pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionErro
         if is_sticky(&e) {
             FAULTS.fetch_add(1, Ordering::Relaxed);
             return exec_datafusion_err!(
-                "GPU: {what} failed: {e}; the device's context is reset before the next query \
-                 uses it"
+                "GPU: {what} failed: {e}; the device is reset before its next use (where the \
+                 driver allows it)"
             );
         }
         exec_datafusion_err!("GPU: {what} failed: {e}")
@@ -125,8 +125,11 @@ struct DeviceSlot {
     checked_at_fault: u64,
 }
 
-/// The device with this ordinal, its context created on first use, and created again when an
-/// earlier query left it broken (a sticky error: see [`FAULTS`]) and nothing uses it any more.
+/// The device with this ordinal, its context created on first use. When an earlier query left it
+/// broken (a sticky error: see [`FAULTS`]) and nothing uses it any more, its primary context is
+/// reset and opened again; where the driver refuses that (it documents a kernel fault as fatal
+/// to the process: the H200's driver keeps answering ILLEGAL_ADDRESS after the reset), the device
+/// is refused from then on with a reason, and `device=auto` runs on the CPU.
 pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
     static DEVICES: OnceLock<Vec<Mutex<DeviceSlot>>> = OnceLock::new();
     let count = device_count()?;
@@ -150,17 +153,46 @@ pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
                     ));
                 }
                 log::warn!("GPU {ordinal}: reopening the device after a CUDA error ({e})");
-                // The last reference: dropping it releases the primary context, which the
-                // driver then destroys, and the next open starts a clean one.
+                // The last reference: dropping it releases our hold on the primary context; the
+                // reset then destroys it (a sticky error survives a plain release), and the next
+                // open starts a clean one.
                 slot.opened = None;
+                reset_primary_context(ordinal)?;
             }
             slot.checked_at_fault = faults;
         }
     }
-    slot.opened
-        .get_or_insert_with(|| open(ordinal).map(Arc::new).map_err(|e| e.to_string()))
-        .clone()
-        .map_err(|e| exec_datafusion_err!("{e}"))
+    let opened = match slot.opened.take() {
+        Some(o) => o,
+        None => open(ordinal).map(Arc::new).map_err(|e| {
+            if faults == 0 {
+                e.to_string()
+            } else {
+                format!(
+                    "GPU {ordinal} cannot be used again in this process: after a kernel fault \
+                     the CUDA driver refuses new work on it even after a reset ({}); restart the \
+                     process to use it (device=auto runs on the CPU meanwhile)",
+                    e.strip_backtrace()
+                )
+            }
+        }),
+    };
+    slot.opened = Some(opened.clone());
+    opened.map_err(|e| exec_datafusion_err!("{e}"))
+}
+
+/// Destroys the device's primary context with everything in it (nothing of ours uses it any
+/// more), clearing a sticky error.
+fn reset_primary_context(ordinal: usize) -> Result<()> {
+    guarded("resetting the device", || {
+        let dev = cudarc::driver::result::device::get(ordinal as i32)
+            .map_err(cuda_err("finding the device"))?;
+        // SAFETY: the last `Device` of this ordinal is gone, so no buffer, module or stream of
+        // this crate refers to the context being reset.
+        unsafe { cudarc::driver::sys::cuDevicePrimaryCtxReset_v2(dev) }
+            .result()
+            .map_err(cuda_err("resetting the device's context"))
+    })
 }
 
 fn open(ordinal: usize) -> Result<Device> {
