@@ -128,7 +128,7 @@ if [ "$mode" = big ]; then
     ls -la /tmp/big | tee -a "$OUT/big.log"
     for dev in gpu cpu; do
         echo "== $dev" | tee -a "$OUT/big.log"
-        /usr/bin/time -v $K sql -c "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('$Lq', '$R', 'cosine', 10, 'device=$dev')" 2>&1 \
+        [ "${BIG_EXPLAIN:-1}" = 1 ] && /usr/bin/time -v $K sql -c "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('$Lq', '$R', 'cosine', 10, 'device=$dev')" 2>&1 \
             | grep -oE "KnnJoinExec.*|build_shards=[0-9]+|build_rows=[0-9]+|build_time=[^,]*|kernel_time[a-z0-9_]*=[^,]*|Maximum resident.*|Elapsed.*" \
             | tee -a "$OUT/big.log"
         /usr/bin/time -v $K knn --left $Lq --right $R --metric cosine -k 10 --device $dev \
