@@ -139,3 +139,27 @@ if [ "$mode" = big ]; then
         max(abs(g.distance - c.distance)) AS max_abs_diff FROM '/tmp/big/out_gpu.parquet' g \
         JOIN '/tmp/big/out_cpu.parquet' c ON g.query_id = c.query_id AND g.rank = c.rank" 2>&1 | tee -a "$OUT/big.log"
 fi
+
+if [ "$mode" = gpus ]; then
+    # The movielens-shape self join (full size) on GPU 0 alone and on every GPU, alternating,
+    # through SQL (read, build, probe, merge), with the per-GPU kernel time of EXPLAIN ANALYZE.
+    unpack sparse-knn
+    K=/tmp/sparse-knn
+    f=/tmp/data/movielens.parquet
+    mkdir -p /tmp/data
+    [ -f $f ] || $K generate --shape movielens --output $f 2>&1 | tail -1 | tee -a "$OUT/gpus.log"
+    all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+    for round in 1 2; do
+        for metric in ${GPUS_METRICS:-cosine manhattan}; do
+            for gpus in 0 "$all"; do
+                start=$(date +%s.%N)
+                $K sql -c "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('$f', '$f', '$metric', 10, 'device=gpu, gpus=$gpus')" \
+                    >/tmp/plan.txt 2>&1
+                end=$(date +%s.%N)
+                echo "round=$round metric=$metric gpus=$gpus wall_s=$(echo "$end - $start" | bc)" \
+                    "$(grep -oE 'build_time=[^,]*|build_shards=[0-9]+|kernel_time[a-z0-9_]*=[^,\]]*' /tmp/plan.txt | tr '\n' ' ')" \
+                    | tee -a "$OUT/gpus.log"
+            done
+        done
+    done
+fi
