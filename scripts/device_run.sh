@@ -152,12 +152,12 @@ if [ "$mode" = gpus ]; then
     for round in 1 2; do
         for metric in ${GPUS_METRICS:-cosine manhattan}; do
             for gpus in 0 "$all"; do
-                start=$(date +%s.%N)
+                start=$(date +%s%N)
                 $K sql -c "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('$f', '$f', '$metric', 10, 'device=gpu, gpus=$gpus')" \
                     >/tmp/plan.txt 2>&1
-                end=$(date +%s.%N)
-                echo "round=$round metric=$metric gpus=$gpus wall_s=$(echo "$end - $start" | bc)" \
-                    "$(grep -oE 'build_time=[^,]*|build_shards=[0-9]+|kernel_time[a-z0-9_]*=[^,\]]*' /tmp/plan.txt | tr '\n' ' ')" \
+                end=$(date +%s%N)
+                echo "round=$round metric=$metric gpus=$gpus wall_ms=$(( (end - start) / 1000000 ))" \
+                    "$(grep -oE 'build_time=[^,]*|build_shards=[0-9]+|kernel_time[a-z0-9_]*=[^,]*' /tmp/plan.txt | tr '\n' ' ')" \
                     | tee -a "$OUT/gpus.log"
             done
         done
