@@ -111,11 +111,12 @@ impl Backend for GpuBackend {
         let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
         let per_gpu = total.div_ceil(ordinals.len()).max(1);
         let chunks = split_rows(pieces, per_gpu.min(max_chunk_nnz()))?;
-        // A chunk goes to the GPU whose share of the nonzeros it starts in.
+        // A chunk goes to the GPU whose share of the nonzeros holds its middle (by its start, a
+        // chunk cut a little short of a share's end would join that share).
         let mut owner = Vec::with_capacity(chunks.len());
         let mut seen = 0usize;
         for c in &chunks {
-            owner.push((seen / per_gpu).min(ordinals.len() - 1));
+            owner.push(((seen + c.nnz() / 2) / per_gpu).min(ordinals.len() - 1));
             seen += c.nnz();
         }
         let mut options = self.options.clone();
