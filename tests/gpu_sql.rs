@@ -74,6 +74,27 @@ fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
     out
 }
 
+/// A right side with no rows on the GPU: no pairs, no error (the shards of an empty side are one
+/// empty index).
+#[tokio::test]
+#[ignore = "needs a CUDA GPU"]
+async fn an_empty_right_side_gives_no_pairs_on_the_gpu() {
+    let ctx = context(&rows(5, 100, 20));
+    for function in ["knn_join", "radius_join"] {
+        let amount = if function == "knn_join" { "3" } else { "0.5" };
+        let sql = format!(
+            "SELECT count(*) FROM {function}(t, (SELECT * FROM t WHERE id < 0), 'cosine', \
+             {amount}, 'device=gpu')"
+        );
+        let out = query(&ctx, &sql).await.unwrap();
+        assert_eq!(
+            out[0].column(0).as_primitive::<Int64Type>().value(0),
+            0,
+            "{sql}"
+        );
+    }
+}
+
 /// A kernel fault (a sticky CUDA error) leaves the driver refusing work on that GPU: the next
 /// query resets the device and opens it again where the driver allows it, and otherwise gets a
 /// reason that says to restart the process, while `device=auto` runs on the CPU with the same

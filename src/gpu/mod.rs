@@ -111,6 +111,14 @@ impl Backend for GpuBackend {
         let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
         let per_gpu = total.div_ceil(ordinals.len()).max(1);
         let chunks = split_rows(pieces, per_gpu.min(max_chunk_nnz()))?;
+        if chunks.is_empty() {
+            // No right rows: one empty index on the first GPU answers every probe with nothing.
+            let device = device::device(ordinals[0])?;
+            let empty = SparseBatch::concat(&[])?;
+            return Ok(Box::new(crate::with_semiring!(metric, s => {
+                GpuIndex::build_on(device, &empty, &s, &self.options)
+            })?));
+        }
         // A chunk goes to the GPU whose share of the nonzeros holds its middle (by its start, a
         // chunk cut a little short of a share's end would join that share).
         let mut owner = Vec::with_capacity(chunks.len());
