@@ -16,7 +16,7 @@
 use super::folded::{accumulate, FoldedScratch};
 use super::index::CpuIndex;
 use crate::join::{within, PairList, Selection};
-use crate::metric::{union_distance, RowTotals, Semiring};
+use crate::metric::{sorted_nonzeros_into, union_distance, RowTotals, Semiring};
 
 /// Scratch of one thread for this strategy, reused across left rows.
 #[derive(Debug, Default)]
@@ -45,17 +45,7 @@ pub(crate) fn certified_row<S: Semiring>(
     let left_totals = accumulate::<S, true>(s, index, (indices, values), folded);
     let acc = &mut folded.acc0[..n];
 
-    ws.left.clear();
-    ws.left.extend(
-        indices
-            .iter()
-            .zip(values)
-            .filter(|(_, &x)| x != 0.0)
-            .map(|(&c, &x)| (c, x)),
-    );
-    if !ws.left.windows(2).all(|w| w[0].0 < w[1].0) {
-        ws.left.sort_unstable_by_key(|e| e.0);
-    }
+    sorted_nonzeros_into((indices, values), &mut ws.left);
     let right_row = |j: usize| &index.row_entries[index.row_ptr[j]..index.row_ptr[j + 1]];
 
     let terms = (ws.left.len() + index.max_row_len + 8) as f64;

@@ -81,11 +81,11 @@ pub struct CpuIndex {
     pub(crate) dense_slot: Vec<u32>,
     /// Dense columns, slot-major: `dense_vals[slot * rows + row]`, zero where the row lacks it.
     pub(crate) dense_vals: Vec<f32>,
-    /// Metrics with an exact union term: each right row's (column id, value) with zeros dropped;
-    /// largest |value| first for a max (chebyshev: the row's largest value on a column the left
-    /// row lacks is found in a few steps), by column id for a sum (minkowski: merged with the
-    /// left row, see `certified`).
+    /// Metrics with an exact union term: where each right row starts in `row_cols`/`row_vals`
+    /// (a max) or in `row_entries` (a sum).
     pub(crate) row_ptr: Vec<usize>,
+    /// A max (chebyshev): each right row's (column id, value) with zeros dropped, largest |value|
+    /// first, so the row's largest value on a column the left row lacks is found in a few steps.
     pub(crate) row_cols: Vec<u32>,
     pub(crate) row_vals: Vec<f32>,
     /// For a sum (`union_sum`): each row's nonzeros by their own index, as
@@ -166,8 +166,10 @@ impl CpuIndex {
         // A max reduction needs every column as postings: it tracks per right row which left
         // columns it holds, which a dense pass would do no faster.
         index.build_columns(right, !max_reduction);
-        if max_reduction || index.union_sum {
-            index.build_rows(right, nnz, max_reduction);
+        if max_reduction {
+            index.build_rows_by_magnitude(right, nnz);
+        } else if index.union_sum {
+            index.build_row_entries(right, nnz);
         }
         index
     }
@@ -229,19 +231,21 @@ impl CpuIndex {
         self.col_ptr = counts;
     }
 
-    /// Right rows, zeros dropped: by column id, largest |value| first when `by_magnitude`, else
-    /// as `row_entries` (by index).
-    fn build_rows(&mut self, right: &SparseBatch, nnz: usize, by_magnitude: bool) {
+    /// `row_entries`: each right row as `metric::sorted_nonzeros` gives it.
+    fn build_row_entries(&mut self, right: &SparseBatch, nnz: usize) {
         self.row_ptr = Vec::with_capacity(self.rows + 1);
         self.row_ptr.push(0);
-        if !by_magnitude {
-            self.row_entries = Vec::with_capacity(nnz);
-            for r in 0..self.rows {
-                self.row_entries.extend(sorted_nonzeros(right.row(r)));
-                self.row_ptr.push(self.row_entries.len());
-            }
-            return;
+        self.row_entries = Vec::with_capacity(nnz);
+        for r in 0..self.rows {
+            self.row_entries.extend(sorted_nonzeros(right.row(r)));
+            self.row_ptr.push(self.row_entries.len());
         }
+    }
+
+    /// `row_cols`/`row_vals`: each right row by column id, zeros dropped, largest |value| first.
+    fn build_rows_by_magnitude(&mut self, right: &SparseBatch, nnz: usize) {
+        self.row_ptr = Vec::with_capacity(self.rows + 1);
+        self.row_ptr.push(0);
         self.row_cols = Vec::with_capacity(nnz);
         self.row_vals = Vec::with_capacity(nnz);
         let mut entries: Vec<(u32, f32)> = Vec::new();
@@ -254,11 +258,7 @@ impl CpuIndex {
                     .filter(|(_, &v)| v != 0.0)
                     .map(|(&c, &v)| (self.columns.get(c).unwrap(), v)),
             );
-            if by_magnitude {
-                entries.sort_unstable_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
-            } else {
-                entries.sort_unstable_by_key(|e| e.0);
-            }
+            entries.sort_unstable_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
             self.row_cols.extend(entries.iter().map(|e| e.0));
             self.row_vals.extend(entries.iter().map(|e| e.1));
             self.row_ptr.push(self.row_cols.len());

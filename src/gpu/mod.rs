@@ -172,11 +172,8 @@ impl Backend for GpuBackend {
             }
         }
         let similarity = metric.kind.is_similarity();
-        let indexes = std::sync::Mutex::new(indexes);
         build_shards(chunks, similarity, true, |i, _| {
-            let index = indexes
-                .lock()
-                .map_err(|_| exec_datafusion_err!("GPU: a build panicked"))?[i]
+            let index = indexes[i]
                 .take()
                 .ok_or_else(|| exec_datafusion_err!("GPU: shard {i} was not built"))?;
             Ok(Box::new(index) as Box<dyn JoinIndex>)
@@ -229,9 +226,5 @@ impl JoinIndex for GpuIndex {
 
     fn build_bytes_to_device(&self) -> u64 {
         self.stats().bytes_to_device
-    }
-
-    fn devices(&self) -> Vec<usize> {
-        vec![self.ordinal()]
     }
 }

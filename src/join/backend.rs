@@ -53,11 +53,6 @@ pub trait JoinIndex: Send + Sync {
         0
     }
 
-    /// The CUDA ordinals of the GPUs that hold this index (none on the CPU).
-    fn devices(&self) -> Vec<usize> {
-        Vec::new()
-    }
-
     /// Row ranges of the right side indexed separately (see [`ShardedIndex`]).
     fn shards(&self) -> usize {
         1
@@ -94,7 +89,7 @@ pub fn build_shards(
     mut chunks: Vec<SparseBatch>,
     similarity: bool,
     parallel: bool,
-    build: impl Fn(usize, &SparseBatch) -> Result<Box<dyn JoinIndex>>,
+    mut build: impl FnMut(usize, &SparseBatch) -> Result<Box<dyn JoinIndex>>,
 ) -> Result<Box<dyn JoinIndex>> {
     if chunks.is_empty() {
         chunks.push(SparseBatch::concat(&[])?);

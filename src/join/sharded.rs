@@ -224,13 +224,6 @@ impl JoinIndex for ShardedIndex {
     fn shards(&self) -> usize {
         self.shards.len()
     }
-
-    fn devices(&self) -> Vec<usize> {
-        let mut all: Vec<usize> = self.shards.iter().flat_map(|s| s.index.devices()).collect();
-        all.sort_unstable();
-        all.dedup();
-        all
-    }
 }
 
 #[cfg(test)]

@@ -346,17 +346,25 @@ pub fn union_distance<S: Semiring>(s: &S, a: &[(i32, f32)], b: &[(i32, f32)]) ->
 }
 
 /// A row's nonzero entries sorted by index (explicit zeros are not part of the support).
-pub fn sorted_nonzeros((indices, values): (&[i32], &[f32])) -> Vec<(i32, f32)> {
-    let mut v: Vec<(i32, f32)> = indices
-        .iter()
-        .zip(values)
-        .filter(|(_, &x)| x != 0.0)
-        .map(|(&i, &x)| (i, x))
-        .collect();
-    if !v.windows(2).all(|w| w[0].0 < w[1].0) {
-        v.sort_unstable_by_key(|e| e.0);
-    }
+pub fn sorted_nonzeros(row: (&[i32], &[f32])) -> Vec<(i32, f32)> {
+    let mut v = Vec::with_capacity(row.0.len());
+    sorted_nonzeros_into(row, &mut v);
     v
+}
+
+/// [`sorted_nonzeros`] into a buffer the caller reuses (cleared first).
+pub fn sorted_nonzeros_into((indices, values): (&[i32], &[f32]), out: &mut Vec<(i32, f32)>) {
+    out.clear();
+    out.extend(
+        indices
+            .iter()
+            .zip(values)
+            .filter(|(_, &x)| x != 0.0)
+            .map(|(&i, &x)| (i, x)),
+    );
+    if !out.windows(2).all(|w| w[0].0 < w[1].0) {
+        out.sort_unstable_by_key(|e| e.0);
+    }
 }
 
 /// (x_i, y_i) over the union of two supports sorted by index (a missing side is 0).
