@@ -363,6 +363,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                             // terms, each within a few ulps of its parts, whose sum is at most
                             // |acc| + 2(L + R)), plus the fixed-point rounding of each term.
                             const double e = 2.0 * (double)(deg + a.max_row_len + 8) * DBL_EPS
+                                                 * MetricDef::ROUNDING_GROWTH
                                                  * (fabs(s0) + 3.0 * (fabs(lt0) + fabs(rt0[j])))
                                              + (double)deg / scale0;
                             s0 = a.bound_mode == 1 ? s0 + e : s0 - e;

@@ -1,6 +1,7 @@
 // The vocabulary of metric formulas, shared by every generated module: the CUDA twins of
 // src/metric/math.rs (same names, same meaning), so a formula written once in src/metric is both
-// Rust and CUDA C. fabs, sqrt, log, pow, fmax and fmin are CUDA's own (double overloads).
+// Rust and CUDA C. fabs, sqrt, log, fmax and fmin are CUDA's own (double overloads); pow is CUDA's
+// behind the small-integer products of `metric_pow` (see `pow` in src/metric/math.rs).
 //
 // A module is: this prelude, the kernel argument structs (generated from src/gpu/args.rs), one
 // metric's `MetricDef` (generated from src/metric by src/metric/cuda.rs), then knn.cu.
@@ -28,3 +29,14 @@ __device__ __forceinline__ double clamp(double x, double lo, double hi) { return
 __device__ __forceinline__ double folded(double sum, double scale) {
     return sum <= 1e-13 * scale ? 0.0 : sum;
 }
+
+// See `pow` in src/metric/math.rs: minkowski's usual p = 1..4 as products, a few instructions where
+// CUDA's double pow takes over a hundred (p is the same for every thread, so no divergence).
+__device__ __forceinline__ double metric_pow(double x, double y) {
+    if (y == 2.0) return x * x;
+    if (y == 3.0) return x * x * x;
+    if (y == 1.0) return x;
+    if (y == 4.0) { const double x2 = x * x; return x2 * x2; }
+    return pow(x, y);
+}
+#define pow metric_pow

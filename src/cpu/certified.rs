@@ -3,8 +3,9 @@
 //! The folded sum `Σ_X t(x) + Σ_Y t(y) + Σ_{X∩Y} (term(x, y) − t(x) − t(y))` (t = the total term,
 //! `term(x, 0)`) costs what a dot product costs, but it cancels when both rows hold large, nearly
 //! equal values, so it only *bounds* the union sum. Its rounding error is at most
-//! `E = 2(n + 8)·ε·(|acc| + 3(L + R))` (n terms summed, each term, total and pair evaluated within
-//! a few ulps of its parts, whose sum is at most |acc| + 2(L + R) by the union identity), so the
+//! `E = 2(n + 8)·ε·G·(|acc| + 3(L + R))` (n terms summed, each term, total and pair evaluated
+//! within a few ulps of its parts, whose sum is at most |acc| + 2(L + R) by the union identity; G
+//! is the metric's `ROUNDING_GROWTH`, above 1 where a lifted pair's parts can exceed that), so the
 //! true sum lies in `[v − E, v + E]` for the folded value v. A right row whose lower end is above
 //! the k-th smallest upper end (or, for a radius, whose lower end is outside the radius) cannot be
 //! in the answer; every other row is a candidate whose union sum is computed exactly by merging
@@ -15,7 +16,10 @@
 
 use super::folded::{accumulate, FoldedScratch};
 use super::index::CpuIndex;
-use crate::join::{within, PairList, Selection};
+use crate::join::{within, PairList, Selection, TopK};
+
+/// Right rows per admission test (as in the folded kernel).
+const BLOCK: usize = 64;
 use crate::metric::{sorted_nonzeros_into, union_distance, RowTotals, Semiring};
 
 /// Scratch of one thread for this strategy, reused across left rows.
@@ -23,14 +27,59 @@ use crate::metric::{sorted_nonzeros_into, union_distance, RowTotals, Semiring};
 pub(crate) struct CertifiedScratch {
     /// The left row's nonzeros, sorted by index (as `metric::sorted_nonzeros` sorts them).
     left: Vec<(i32, f32)>,
-    /// (upper end, right row) of every kept right row, then the candidates' exact distances.
-    upper: Vec<f64>,
+    /// The k smallest upper ends so far (their k-th is the cut).
+    uppers: TopK,
     candidates: Vec<(f64, u32)>,
 }
 
 /// One left row against every right row, for a sum metric with an exact union term.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn certified_row<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
+    row: (&[i32], &[f32]),
+    left_row: u32,
+    skip: Option<usize>,
+    selection: Selection,
+    folded: &mut FoldedScratch,
+    ws: &mut CertifiedScratch,
+    out: &mut PairList,
+) {
+    // As the folded kernel: compiled for AVX2+FMA too, chosen at run time.
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU has the features the function is compiled for (checked just above).
+            unsafe {
+                certified_row_avx2(s, index, row, left_row, skip, selection, folded, ws, out)
+            };
+            return;
+        }
+    }
+    certified_row_impl(s, index, row, left_row, skip, selection, folded, ws, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn certified_row_avx2<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
+    row: (&[i32], &[f32]),
+    left_row: u32,
+    skip: Option<usize>,
+    selection: Selection,
+    folded: &mut FoldedScratch,
+    ws: &mut CertifiedScratch,
+    out: &mut PairList,
+) {
+    certified_row_impl(s, index, row, left_row, skip, selection, folded, ws, out);
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn certified_row_impl<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
@@ -42,7 +91,11 @@ pub(crate) fn certified_row<S: Semiring>(
     out: &mut PairList,
 ) {
     let n = index.rows;
-    let left_totals = accumulate::<S, true>(s, index, (indices, values), folded);
+    let left_totals = if S::PAIR_VANISHES {
+        accumulate::<S, false>(s, index, (indices, values), folded)
+    } else {
+        accumulate::<S, true>(s, index, (indices, values), folded)
+    };
     let acc = &mut folded.acc0[..n];
 
     sorted_nonzeros_into((indices, values), &mut ws.left);
@@ -52,7 +105,7 @@ pub(crate) fn certified_row<S: Semiring>(
     let bound = |j: usize| -> (f64, f64) {
         let (l, r) = (left_totals.t0, index.totals[j].t0);
         let v = l + r + acc[j];
-        let e = 2.0 * terms * f64::EPSILON * (acc[j].abs() + 3.0 * (l + r));
+        let e = 2.0 * terms * f64::EPSILON * S::ROUNDING_GROWTH * (acc[j].abs() + 3.0 * (l + r));
         (v - e, v + e)
     };
     let keep = |j: usize| index.valid[j] && skip != Some(j);
@@ -61,15 +114,26 @@ pub(crate) fn certified_row<S: Semiring>(
     ws.candidates.clear();
     match selection {
         Selection::Nearest(k) => {
-            ws.upper.clear();
-            ws.upper
-                .extend((0..n).filter(|&j| keep(j)).map(|j| bound(j).1));
-            let cut = if ws.upper.len() > k {
-                *ws.upper.select_nth_unstable_by(k - 1, f64::total_cmp).1
-            } else {
-                f64::INFINITY
-            };
-            for j in (0..n).filter(|&j| keep(j) && bound(j).0 <= cut) {
+            // The k-th smallest upper end, block by block as the folded kernel selects: a block
+            // none of whose upper ends is below the current k-th costs one vectorised pass.
+            ws.uppers.reset(k);
+            let mut block = [0.0f64; BLOCK];
+            for start in (0..n).step_by(BLOCK) {
+                let block = &mut block[..BLOCK.min(n - start)];
+                for (i, u) in block.iter_mut().enumerate() {
+                    *u = bound(start + i).1;
+                }
+                let cut = ws.uppers.filter_bound();
+                if block.iter().fold(false, |any, &u| any | (u < cut)) {
+                    for (i, &u) in block.iter().enumerate() {
+                        if u < ws.uppers.filter_bound() && keep(start + i) {
+                            ws.uppers.push(u, (start + i) as u32);
+                        }
+                    }
+                }
+            }
+            let cut = ws.uppers.filter_bound();
+            for j in (0..n).filter(|&j| bound(j).0 <= cut && keep(j)) {
                 ws.candidates
                     .push((union_distance(s, &ws.left, right_row(j)), j as u32));
             }

@@ -198,26 +198,47 @@ pub(crate) fn accumulate<S: Semiring, const MASKED: bool>(
         &mut []
     };
 
-    let dense = |slot: u32| &index.dense_vals[slot as usize * n..(slot as usize + 1) * n];
+    let range = |slot: u32| slot as usize * n..(slot as usize + 1) * n;
+    let dense = |slot: u32| Column {
+        vals: &index.dense_vals[range(slot)],
+        lifts: if S::LIFTED {
+            &index.dense_lifts[range(slot)]
+        } else {
+            &[]
+        },
+    };
+    let left = |x: f32| (x, s.lift(x));
     let mut groups = ws.dense_hits.chunks_exact(4);
     for g in &mut groups {
         let cols = [dense(g[0].0), dense(g[1].0), dense(g[2].0), dense(g[3].0)];
-        let xs = [g[0].1, g[1].1, g[2].1, g[3].1];
+        let xs = [left(g[0].1), left(g[1].1), left(g[2].1), left(g[3].1)];
         add_dense::<S, MASKED, 4>(s, cols, xs, acc0, acc1);
     }
     for &(slot, x) in groups.remainder() {
-        add_dense::<S, MASKED, 1>(s, [dense(slot)], [x], acc0, acc1);
+        add_dense::<S, MASKED, 1>(s, [dense(slot)], [left(x)], acc0, acc1);
     }
 
     for &(col, x) in &ws.sparse_hits {
         let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
         let rows = &index.col_rows[start..end];
         let vals = &index.col_vals[start..end];
-        for (&j, &y) in rows.iter().zip(vals) {
-            let (a, b) = s.pair(x, y);
-            acc0[j as usize] += a;
-            if S::TWO_ACCUMULATORS {
-                acc1[j as usize] += b;
+        let lx = s.lift(x);
+        if S::LIFTED {
+            let lifts = &index.col_lifts[start..end];
+            for ((&j, &y), &ly) in rows.iter().zip(vals).zip(lifts) {
+                let (a, b) = s.pair_lifted(x, lx, y, ly);
+                acc0[j as usize] += a;
+                if S::TWO_ACCUMULATORS {
+                    acc1[j as usize] += b;
+                }
+            }
+        } else {
+            for (&j, &y) in rows.iter().zip(vals) {
+                let (a, b) = s.pair_lifted(x, lx, y, 0.0);
+                acc0[j as usize] += a;
+                if S::TWO_ACCUMULATORS {
+                    acc1[j as usize] += b;
+                }
             }
         }
     }
@@ -225,26 +246,36 @@ pub(crate) fn accumulate<S: Semiring, const MASKED: bool>(
     left_totals
 }
 
+/// One dense column: its values and, for a lifted metric, their lifts.
+#[derive(Clone, Copy)]
+struct Column<'a> {
+    vals: &'a [f32],
+    lifts: &'a [f64],
+}
+
 /// `acc[j] += Σ_g pair(x_g, col_g[j])` over all right rows: a streaming loop the compiler
-/// vectorises (f32 loads widened to f64), in place of a scatter through postings.
+/// vectorises (f32 loads widened to f64), in place of a scatter through postings. `xs` holds each
+/// left value with its lift.
 #[inline(always)]
 fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
     s: &S,
-    cols: [&[f32]; G],
-    xs: [f32; G],
+    cols: [Column; G],
+    xs: [(f32, f64); G],
     acc0: &mut [f64],
     acc1: &mut [f64],
 ) {
     let n = acc0.len();
-    let cols = cols.map(|c| &c[..n]);
+    let vals = cols.map(|c| &c.vals[..n]);
+    let lifts = cols.map(|c| if S::LIFTED { &c.lifts[..n] } else { &[][..] });
+    let lift = |g: usize, j: usize| if S::LIFTED { lifts[g][j] } else { 0.0 };
     if S::TWO_ACCUMULATORS {
         let acc1 = &mut acc1[..n];
         for j in 0..n {
             let (mut a, mut b) = (0.0, 0.0);
             for g in 0..G {
-                let y = cols[g][j];
+                let y = vals[g][j];
                 if !MASKED || y != 0.0 {
-                    let (p, q) = s.pair(xs[g], y);
+                    let (p, q) = s.pair_lifted(xs[g].0, xs[g].1, y, lift(g, j));
                     a += p;
                     b += q;
                 }
@@ -256,9 +287,9 @@ fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
         for j in 0..n {
             let mut a = 0.0;
             for g in 0..G {
-                let y = cols[g][j];
+                let y = vals[g][j];
                 if !MASKED || y != 0.0 {
-                    a += s.pair(xs[g], y).0;
+                    a += s.pair_lifted(xs[g].0, xs[g].1, y, lift(g, j)).0;
                 }
             }
             acc0[j] += a;

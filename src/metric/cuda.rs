@@ -28,7 +28,21 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let [tx, tprm] = src.total_names;
     let [px, py, pprm] = src.pair_names;
     let [acc0, acc1, l, r, fprm] = src.finish_names;
-    let plets = lets(src.pair_lets);
+    // The GPU computes a lift in place, per pair: the CPU's saving (a transcendental per stored
+    // value instead of per pair) would cost the GPU a second gathered load per pair.
+    let (lift, plets) = match src.lift {
+        Some(([v, lprm], text, [lx, ly])) => (
+            format!(
+                "    __device__ static double lift(double {v}, const Params& {lprm}) \
+                 {{ return {text}; }}\n"
+            ),
+            format!(
+                "const double {lx} = lift({px}, {pprm}); const double {ly} = lift({py}, {pprm}); {}",
+                lets(src.pair_lets)
+            ),
+        ),
+        None => (String::new(), lets(src.pair_lets)),
+    };
     let flets = lets(src.finish_lets);
     let finish_text = format!("{flets} {}", src.finish);
     let needs_rt0 = reads(&finish_text, &format!("{r}.t0"));
@@ -56,6 +70,8 @@ pub fn cuda_definition<S: Semiring>() -> String {
          \x20   static constexpr bool SIMILARITY = {sim};\n\
          \x20   static constexpr bool NEEDS_RT0 = {needs_rt0};\n\
          \x20   static constexpr bool NEEDS_RT1 = {needs_rt1};\n\
+         \x20   static constexpr double ROUNDING_GROWTH = {growth:?};\n\
+         {lift}\
          \x20   __device__ static double total0(double {tx}, const Params& {tprm}) {{ return {t0}; }}\n\
          \x20   __device__ static double total1(double {tx}, const Params& {tprm}) {{ return {t1}; }}\n\
          \x20   __device__ static double pair0(double {px}, double {py}, const Params& {pprm}) \
@@ -70,6 +86,7 @@ pub fn cuda_definition<S: Semiring>() -> String {
         union = union as u8,
         max = max as u8,
         two = S::TWO_ACCUMULATORS,
+        growth = S::ROUNDING_GROWTH,
         sim = S::SIMILARITY,
         t0 = src.total[0],
         t1 = src.total[1],

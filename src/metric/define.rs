@@ -8,6 +8,11 @@
 //!   accumulators (the folded form: `Σ_{X∪Y} f = Σ_X f(x,0) + Σ_Y f(0,y) + Σ_{X∩Y} (f(x,y) −
 //!   f(x,0) − f(0,y))`, so a union (NAMM) metric costs no more than a dot product);
 //! - `finish(acc0, acc1, l, r)`: the distance from the accumulators and both rows' totals;
+//! - optionally `lift(v) = ... => (lx, ly)`: a per-value quantity (a logarithm, a square root)
+//!   that `pair` reads as `lx` (of x) and `ly` (of y). The CPU computes it once per stored right
+//!   value and once per left value instead of once per pair: kl_divergence's `x·(ln x − ln y)` is
+//!   then a multiply-add where `x·ln(x/y)` was a division and a logarithm per shared column. The
+//!   GPU computes it in place;
 //! - optionally `exact_term(x, y)`: the full term over the union, for metrics whose folded form
 //!   cancels badly (minkowski) and for max-reduced metrics (chebyshev), whose `finish` is then
 //!   applied to `Σ term` (or `max term`) with zero totals. Both backends compute such a metric
@@ -101,6 +106,8 @@ pub struct Source {
     pub finish: &'static str,
     /// `exact_term`: names (x, y, parameters) and the term.
     pub exact_term: Option<([&'static str; 3], &'static str)>,
+    /// `lift`: names (value, parameters), the formula, and the names `pair` reads it by (x's, y's).
+    pub lift: Option<([&'static str; 2], &'static str, [&'static str; 2])>,
 }
 
 /// A metric, defined once (by [`crate::semiring!`]) for both backends. The backends are generic
@@ -118,13 +125,25 @@ pub trait Semiring: Copy + Send + Sync + std::fmt::Debug + 'static {
     const PAIR_VANISHES: bool;
     /// `pair` feeds a second accumulator (its second term is not the literal 0).
     const TWO_ACCUMULATORS: bool;
+    /// `pair` reads a per-value `lift` (see the module docs).
+    const LIFTED: bool;
     const SOURCE: Source;
+
+    /// How much larger than a few ulps of `|acc| + 2(L + R)` the rounding of the folded sum may be,
+    /// for the certified bounds (src/cpu/certified.rs, `kernels/knn.cu`). A lifted pair subtracts
+    /// lifted values, e.g. jensenshannon's `x·(ln x − ln m)`, each term rounded relative to
+    /// `x·|ln x|` rather than to the `x·ln 2` of the totals; |ln v| ≤ 104 for any float32 v, so
+    /// 256 covers it.
+    const ROUNDING_GROWTH: f64 = if Self::LIFTED { 256.0 } else { 1.0 };
 
     fn params(&self) -> Params;
     fn total0(x: f64, prm: &Params) -> f64;
     fn total1(x: f64, prm: &Params) -> f64;
-    fn pair0(x: f64, y: f64, prm: &Params) -> f64;
-    fn pair1(x: f64, y: f64, prm: &Params) -> f64;
+    /// The lift of one value (0 where the definition has none).
+    fn lift_raw(v: f64, prm: &Params) -> f64;
+    /// The pair terms, given x, y and their lifts.
+    fn pair0(x: f64, y: f64, lift_x: f64, lift_y: f64, prm: &Params) -> f64;
+    fn pair1(x: f64, y: f64, lift_x: f64, lift_y: f64, prm: &Params) -> f64;
     fn finish_raw(acc0: f64, acc1: f64, l: &RowTotals, r: &RowTotals, prm: &Params) -> f64;
     /// The full per-column term over the union (see the module docs); None where not defined.
     fn exact_term(x: f64, y: f64, prm: &Params) -> Option<f64>;
@@ -144,11 +163,27 @@ pub trait Semiring: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// Contribution of a column where both `x` (left) and `y` (right) are nonzero.
     #[inline(always)]
     fn pair(&self, x: f32, y: f32) -> (f64, f64) {
+        self.pair_lifted(x, self.lift(x), y, self.lift(y))
+    }
+
+    /// The lift of a value, as `pair_lifted` takes it.
+    #[inline(always)]
+    fn lift(&self, v: f32) -> f64 {
+        if Self::LIFTED {
+            Self::lift_raw(v as f64, &self.params())
+        } else {
+            0.0
+        }
+    }
+
+    /// [`Semiring::pair`] with the lifts already computed (by [`Semiring::lift`]).
+    #[inline(always)]
+    fn pair_lifted(&self, x: f32, lift_x: f64, y: f32, lift_y: f64) -> (f64, f64) {
         let prm = self.params();
         let (x, y) = (x as f64, y as f64);
-        let a = Self::pair0(x, y, &prm);
+        let a = Self::pair0(x, y, lift_x, lift_y, &prm);
         let b = if Self::TWO_ACCUMULATORS {
-            Self::pair1(x, y, &prm)
+            Self::pair1(x, y, lift_x, lift_y, &prm)
         } else {
             0.0
         };
@@ -196,6 +231,7 @@ macro_rules! semiring {
         key: $key:expr;
         pair_vanishes: $vanishes:literal;
         total($tx:ident, $tprm:ident) = [$t0:expr, $t1:expr];
+        $(lift($lv:ident, $lprm:ident) = $lift:expr => ($lx:ident, $ly:ident);)?
         pair($px:ident, $py:ident, $pprm:ident) = {
             $(let $plet:ident = $plet_e:expr;)* [$p0:expr, $p1:expr]
         };
@@ -221,6 +257,7 @@ macro_rules! semiring {
             const PAIR_VANISHES: bool = $vanishes;
             const TWO_ACCUMULATORS: bool =
                 !$crate::metric::define::is_zero_literal(stringify!($p1));
+            const LIFTED: bool = $crate::semiring!(@lifted $($lift)?);
             const SOURCE: $crate::metric::Source = $crate::metric::Source {
                 total_names: [stringify!($tx), stringify!($tprm)],
                 total: [stringify!($t0), stringify!($t1)],
@@ -237,6 +274,7 @@ macro_rules! semiring {
                 finish_lets: &[$((stringify!($flet), stringify!($flet_e))),*],
                 finish: stringify!($fin),
                 exact_term: $crate::semiring!(@term $([stringify!($ex), stringify!($ey), stringify!($eprm)], stringify!($eterm))?),
+                lift: $crate::semiring!(@lift_source $([stringify!($lv), stringify!($lprm)], stringify!($lift), [stringify!($lx), stringify!($ly)])?),
             };
 
             #[inline(always)]
@@ -254,14 +292,32 @@ macro_rules! semiring {
                 $t1
             }
             #[inline(always)]
-            fn pair0($px: f64, $py: f64, $pprm: &$crate::metric::Params) -> f64 {
+            fn lift_raw(v: f64, prm: &$crate::metric::Params) -> f64 {
+                $crate::semiring!(@eval_lift v, prm $(; $lv, $lprm, $lift)?)
+            }
+            #[inline(always)]
+            fn pair0(
+                $px: f64,
+                $py: f64,
+                lift_x: f64,
+                lift_y: f64,
+                $pprm: &$crate::metric::Params,
+            ) -> f64 {
                 use $crate::metric::math::*;
+                $(let ($lx, $ly) = (lift_x, lift_y);)?
                 $(let $plet: f64 = $plet_e;)*
                 $p0
             }
             #[inline(always)]
-            fn pair1($px: f64, $py: f64, $pprm: &$crate::metric::Params) -> f64 {
+            fn pair1(
+                $px: f64,
+                $py: f64,
+                lift_x: f64,
+                lift_y: f64,
+                $pprm: &$crate::metric::Params,
+            ) -> f64 {
                 use $crate::metric::math::*;
+                $(let ($lx, $ly) = (lift_x, lift_y);)?
                 $(let $plet: f64 = $plet_e;)*
                 $p1
             }
@@ -284,6 +340,19 @@ macro_rules! semiring {
         }
     };
     (@term) => { None };
+    (@lifted) => { false };
+    (@lifted $lift:expr) => { true };
+    (@lift_source) => { None };
+    (@lift_source $names:expr, $text:expr, $reads:expr) => { Some(($names, $text, $reads)) };
+    (@eval_lift $v:ident, $prm:ident) => {{
+        let _ = ($v, $prm);
+        0.0
+    }};
+    (@eval_lift $v:ident, $prm:ident; $lv:ident, $lprm:ident, $lift:expr) => {{
+        use $crate::metric::math::*;
+        let ($lv, $lprm) = ($v, $prm);
+        $lift
+    }};
     (@term $names:expr, $text:expr) => { Some(($names, $text)) };
     (@eval_term $x:ident, $y:ident, $prm:ident) => {{
         let _ = ($x, $y, $prm);

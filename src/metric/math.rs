@@ -18,15 +18,68 @@ pub fn sqrt(x: f64) -> f64 {
     x.sqrt()
 }
 
-/// The natural logarithm (C's `log`).
+/// The natural logarithm (C's `log`), within 1 ulp. Written out (fdlibm's reduction and
+/// polynomial, as musl's `log`) rather than calling libm so that it inlines without branches: the
+/// CPU's dense-column loops then run it on four lanes at once, where a libm call per pair made
+/// jensenshannon and kl_divergence 8-12x slower than cosine.
 #[inline(always)]
 pub fn log(x: f64) -> f64 {
-    x.ln()
+    const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
+    const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
+    const LG1: f64 = 6.666_666_666_666_735_130e-1;
+    const LG2: f64 = 3.999_999_999_940_941_908e-1;
+    const LG3: f64 = 2.857_142_874_366_239_149e-1;
+    const LG4: f64 = 2.222_219_843_214_978_396e-1;
+    const LG5: f64 = 1.818_357_216_161_805_012e-1;
+    const LG6: f64 = 1.531_383_769_920_937_332e-1;
+    const LG7: f64 = 1.479_819_860_511_658_591e-1;
+    // Subnormals are scaled into the normal range first.
+    let subnormal = x < f64::MIN_POSITIVE;
+    let scaled = select(subnormal, x * 18_014_398_509_481_984.0, x); // 2^54
+    let bits = scaled.to_bits();
+    // The mantissa in [√½, √2) and the matching exponent: adding 1 - √½ to the high bits carries
+    // into the exponent exactly when the mantissa is at or above √2.
+    let hx = (bits >> 32).wrapping_add(0x3ff0_0000 - 0x3fe6_a09e);
+    let k_bits = (hx >> 20) & 0x7ff;
+    let m_hi = (hx & 0x000f_ffff).wrapping_add(0x3fe6_a09e);
+    let m = f64::from_bits((m_hi << 32) | (bits & 0xffff_ffff));
+    // The exponent as a double without an integer conversion (which four-lane AVX2 lacks).
+    let k = f64::from_bits(0x4330_0000_0000_0000 | k_bits) - 4_503_599_627_370_496.0 // 2^52
+        - 1023.0
+        - select(subnormal, 54.0, 0.0);
+    let f = m - 1.0;
+    let hfsq = 0.5 * f * f;
+    let s = f / (2.0 + f);
+    let z = s * s;
+    let w = z * z;
+    let t1 = w * (LG2 + w * (LG4 + w * LG6));
+    let t2 = z * (LG1 + w * (LG3 + w * (LG5 + w * LG7)));
+    let r = t2 + t1;
+    let ln = s * (hfsq + r) + k * LN2_LO - hfsq + f + k * LN2_HI;
+    // log(0) = -inf, log(+inf) = +inf, log(negative or NaN) = NaN, as C's.
+    select(
+        x > 0.0 && x < INF,
+        ln,
+        select(x == 0.0, -INF, select(x == INF, INF, f64::NAN)),
+    )
 }
 
+/// C's `pow`. The small integer powers (minkowski's usual p = 1..4) are products: within 2 ulps,
+/// and a few cycles where libm's `pow` takes a hundred.
 #[inline(always)]
 pub fn pow(x: f64, y: f64) -> f64 {
-    x.powf(y)
+    if y == 2.0 {
+        x * x
+    } else if y == 3.0 {
+        x * x * x
+    } else if y == 1.0 {
+        x
+    } else if y == 4.0 {
+        let x2 = x * x;
+        x2 * x2
+    } else {
+        x.powf(y)
+    }
 }
 
 #[inline(always)]
@@ -63,4 +116,59 @@ pub fn select(c: bool, a: f64, b: f64) -> f64 {
 #[inline(always)]
 pub fn folded(sum: f64, scale: f64) -> f64 {
     select(sum <= 1e-13 * scale, 0.0, sum)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_is_within_one_ulp_of_libm() {
+        let mut worst = 0u64;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut check = |x: f64| {
+            let (ours, libm) = (log(x), x.ln());
+            let ulps = (ours.to_bits() as i64 - libm.to_bits() as i64).unsigned_abs();
+            assert!(ulps <= 1, "log({x:e}) = {ours:e}, libm {libm:e}");
+            worst = worst.max(ulps);
+        };
+        for _ in 0..200_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Every exponent from subnormal to huge, every mantissa.
+            let x = f64::from_bits(state >> 1);
+            if x.is_finite() && x > 0.0 {
+                check(x);
+            }
+            check(f32::from_bits((state >> 40) as u32 & 0x7f7f_ffff) as f64);
+        }
+        for x in [
+            1.0,
+            2.0,
+            0.5,
+            std::f64::consts::SQRT_2,
+            1.0 + f64::EPSILON,
+            1.0 - 1e-17,
+        ] {
+            check(x);
+        }
+        assert_eq!(log(1.0), 0.0);
+        assert_eq!(log(0.0), -INF);
+        assert_eq!(log(INF), INF);
+        assert!(log(-1.0).is_nan() && log(f64::NAN).is_nan());
+        assert!(log(f64::MIN_POSITIVE / 8.0).is_finite());
+    }
+
+    #[test]
+    fn integer_powers_are_within_two_ulps() {
+        for x in [0.0, 1e-30, 0.37, 1.0, 3.5, 1234.5, 98_765.0, 1e30] {
+            for p in [1.0, 2.0, 3.0, 4.0] {
+                let (ours, libm) = (pow(x, p), f64::powf(x, p));
+                let ulps = (ours.to_bits() as i64 - libm.to_bits() as i64).unsigned_abs();
+                assert!(ulps <= 2, "pow({x}, {p}) = {ours:e}, libm {libm:e}");
+            }
+        }
+        assert_eq!(pow(2.0, 0.5), 2f64.sqrt());
+    }
 }
