@@ -23,6 +23,7 @@ pub fn sqrt(x: f64) -> f64 {
 /// CPU's dense-column loops then run it on four lanes at once, where a libm call per pair made
 /// jensenshannon and kl_divergence 8-12x slower than cosine.
 #[inline(always)]
+#[allow(clippy::excessive_precision)] // fdlibm's constants, digit for digit
 pub fn log(x: f64) -> f64 {
     const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
     const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
