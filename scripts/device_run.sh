@@ -4,6 +4,7 @@
 #   scripts/device_run.sh test            # devrun/gpu_test(.gz) --ignored, then memcheck
 #   scripts/device_run.sh bench [ROWS...]  # devrun/sparse-knn(.gz) bench + devrun/anchors.py
 #   scripts/device_run.sh compare         # devrun/sparse-knn-old against devrun/sparse-knn, same file
+#   scripts/device_run.sh e2e             # knn Parquet -> Parquet against bench on the same file
 # Logs go to $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -161,5 +162,30 @@ if [ "$mode" = gpus ]; then
                     | tee -a "$OUT/gpus.log"
             done
         done
+    done
+fi
+
+if [ "$mode" = e2e ]; then
+    # End to end against the operator's own time: `bench` (the join inside one process, data in
+    # memory) and `knn` Parquet -> Parquet (read, convert, upload, join, write) on the same file,
+    # twice each, then EXPLAIN ANALYZE of the same join for where the time goes.
+    unpack sparse-knn
+    K=/tmp/sparse-knn
+    f=/tmp/data/${E2E_SHAPE:-movielens}.parquet
+    mkdir -p /tmp/data
+    [ -f $f ] || $K generate --shape "${E2E_SHAPE:-movielens}" ${E2E_ROWS:+--rows $E2E_ROWS} --output $f 2>&1 | tail -1 | tee -a "$OUT/e2e.log"
+    for metric in ${E2E_METRICS:-cosine manhattan}; do
+        $K bench --input $f --metrics $metric --devices gpu -k 10 --repeat 2 2>&1 | tail -2 | tee -a "$OUT/e2e.log"
+        for round in 1 2; do
+            start=$(date +%s%N)
+            $K knn --left $f --right $f --metric $metric -k 10 --device gpu --output /tmp/data/out.parquet --overwrite \
+                >/dev/null 2>>"$OUT/e2e.log"
+            end=$(date +%s%N)
+            echo "knn metric=$metric round=$round wall_ms=$(( (end - start) / 1000000 ))" | tee -a "$OUT/e2e.log"
+        done
+        $K sql -c "EXPLAIN ANALYZE SELECT count(*) FROM knn_join('$f', '$f', '$metric', 10, 'device=gpu')" 2>&1 \
+            | grep -oE "[A-Za-z]+Exec|elapsed_compute=[^,]*|[a-z_]*time[a-z0-9_]*=[^,]*|output_rows=[0-9]+|bytes[a-z_]*=[^,]*" \
+            | tr '\n' ' ' | tee -a "$OUT/e2e.log"
+        echo | tee -a "$OUT/e2e.log"
     done
 fi
