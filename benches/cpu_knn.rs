@@ -1,8 +1,11 @@
 //! CPU backend benchmark: `CpuIndex::build` + `probe` for Q queries (the first Q rows) against all
-//! rows of a Parquet file's sparse-vector column, k nearest, every metric.
+//! rows of a Parquet file's sparse-vector column, k nearest (or, with `--radius R`, every pair
+//! within R: `Selection::Within`, for `dot` a value of at least R), every metric.
 //!
 //! ```text
 //! cargo bench --bench cpu_knn -- --parquet /tmp/powerlaw_2m.parquet -q 2000 --json ours.json
+//! cargo bench --bench cpu_knn -- --parquet /tmp/powerlaw_2m.parquet -q 2000 --metrics cosine \
+//!     --radius 0.5 --check 50 --json ours_radius.json
 //! ```
 //! The anchors (scikit-learn, sparse_dot_topn) come from `bench/cpu_anchors.py` on the same file;
 //! `bench/run_cpu_bench.sh` runs both and prints the comparison.
@@ -33,13 +36,17 @@ struct Args {
     queries: usize,
     #[arg(short, default_value_t = 10)]
     k: usize,
+    /// Radius join instead of k nearest: every pair at distance ≤ R (for `dot`: ≥ R).
+    #[arg(long)]
+    radius: Option<f64>,
     /// Comma-separated metrics, or `all`.
     #[arg(long, default_value = "all")]
     metrics: String,
     /// Best of this many runs (a run over 10 s is not repeated).
     #[arg(long, default_value_t = 1)]
     repeat: usize,
-    /// Check this many queries' neighbours against `Metric::distance` brute force.
+    /// Check this many queries' neighbours (or, with `--radius`, pairs) against
+    /// `Metric::distance` brute force.
     #[arg(long, default_value_t = 0)]
     check: usize,
     /// Write the results here as JSON.
@@ -123,6 +130,73 @@ fn check(
     println!("    check: {n} queries, worst relative error {worst:.1e}");
 }
 
+/// Brute force for `--radius`: the same set of pairs as `Metric::distance` row by row, distances
+/// within 1e-4·max(1, |d|). A pair that only one side keeps must lie at the boundary (its distance
+/// within that tolerance of the radius): such pairs are counted, not failed.
+fn check_radius(
+    metric: &Metric,
+    right: &SparseBatch,
+    left: &SparseBatch,
+    got: &PairList,
+    radius: f64,
+    n: usize,
+) {
+    let n = n.min(left.len());
+    let tol = |d: f64| 1e-4 * d.abs().max(1.0);
+    let mut have: Vec<Vec<(u32, f64)>> = vec![Vec::new(); n];
+    for i in 0..got.len() {
+        if (got.left[i] as usize) < n {
+            have[got.left[i] as usize].push((got.right[i], got.distance[i]));
+        }
+    }
+    let (mut worst, mut boundary, mut pairs) = (0.0f64, 0usize, 0usize);
+    for (q, have) in have.iter_mut().enumerate() {
+        have.sort_by_key(|e| e.0);
+        for w in have.windows(2) {
+            assert!(
+                w[0].0 != w[1].0,
+                "{metric}: query {q}: right row {} twice",
+                w[0].0
+            );
+        }
+        let mut it = have.iter().peekable();
+        for j in 0..right.len() {
+            let d = metric.distance(left.row(q), right.row(j));
+            let want = metric.within(d, radius);
+            let h = it.next_if(|e| e.0 == j as u32).map(|e| e.1);
+            match (want, h) {
+                (true, Some(h)) => {
+                    pairs += 1;
+                    if !(d.is_infinite() && d == h) {
+                        let err = (d - h).abs() / d.abs().max(1.0);
+                        worst = worst.max(err);
+                        assert!(
+                            err <= 1e-4,
+                            "{metric}: query {q}, right row {j}: want {d}, have {h}"
+                        );
+                    }
+                }
+                (false, None) => {}
+                (_, h) => {
+                    assert!(
+                        (d - radius).abs() <= tol(radius),
+                        "{metric}: query {q}, right row {j} at {d} (radius {radius}): {}",
+                        match h {
+                            Some(h) => format!("kept at {h}, brute force drops it"),
+                            None => "missing".to_string(),
+                        }
+                    );
+                    boundary += 1;
+                }
+            }
+        }
+    }
+    println!(
+        "    check: {n} queries, {pairs} pairs, worst relative error {worst:.1e}, \
+         {boundary} pairs at the boundary kept by one side only"
+    );
+}
+
 fn main() {
     let args = Args::parse();
     let array = read_column(&args.parquet, args.column.as_deref());
@@ -132,12 +206,15 @@ fn main() {
         SparseBatch::try_from_array(array.slice(0, q).as_ref(), &VectorCheck::new("vec")).unwrap();
     let dim = right.max_dim() as u64;
     let threads = rayon::current_num_threads();
+    let (selection, mode) = match args.radius {
+        Some(r) => (Selection::Within(r), format!("radius={r}")),
+        None => (Selection::Nearest(args.k), format!("k={}", args.k)),
+    };
     println!(
-        "{}: {} rows, nnz {}, dim {dim}; {q} queries, k={}, {threads} threads",
+        "{}: {} rows, nnz {}, dim {dim}; {q} queries, {mode}, {threads} threads",
         args.parquet,
         right.len(),
         right.nnz(),
-        args.k
     );
 
     let kinds: Vec<MetricKind> = if args.metrics == "all" {
@@ -149,8 +226,8 @@ fn main() {
             .collect()
     };
     println!(
-        "{:<14} {:>9} {:>9} {:>9} {:>11}",
-        "metric", "build_s", "probe_s", "total_s", "index_MiB"
+        "{:<14} {:>9} {:>9} {:>9} {:>11} {:>12}",
+        "metric", "build_s", "probe_s", "total_s", "index_MiB", "pairs"
     );
     let mut json = Vec::new();
     for kind in kinds {
@@ -163,12 +240,7 @@ fn main() {
             let index = CpuIndex::build(&right, &metric);
             let b = t.elapsed().as_secs_f64();
             let t = Instant::now();
-            pairs = probe(
-                &index,
-                &left,
-                Selection::Nearest(args.k),
-                ProbeOptions::default(),
-            );
+            pairs = probe(&index, &left, selection, ProbeOptions::default());
             let p = t.elapsed().as_secs_f64();
             index_bytes = index.memory_size();
             if b + p < build_s + probe_s {
@@ -179,31 +251,39 @@ fn main() {
                 break;
             }
         }
-        assert_eq!(pairs.len(), q * args.k.min(right.len()));
+        if args.radius.is_none() {
+            assert_eq!(pairs.len(), q * args.k.min(right.len()));
+        }
         println!(
-            "{:<14} {build_s:>9.3} {probe_s:>9.3} {:>9.3} {:>11.1}",
+            "{:<14} {build_s:>9.3} {probe_s:>9.3} {:>9.3} {:>11.1} {:>12}",
             kind.name(),
             build_s + probe_s,
-            index_bytes as f64 / (1 << 20) as f64
+            index_bytes as f64 / (1 << 20) as f64,
+            pairs.len()
         );
         if args.check > 0 {
-            check(&metric, &right, &left, &pairs, args.k, args.check);
+            match args.radius {
+                Some(r) => check_radius(&metric, &right, &left, &pairs, r, args.check),
+                None => check(&metric, &right, &left, &pairs, args.k, args.check),
+            }
         }
         json.push(format!(
-            "{{\"metric\": \"{}\", \"build_s\": {build_s}, \"probe_s\": {probe_s}, \"seconds\": {}, \"index_bytes\": {index_bytes}}}",
+            "{{\"metric\": \"{}\", \"build_s\": {build_s}, \"probe_s\": {probe_s}, \"seconds\": {}, \"index_bytes\": {index_bytes}, \"pairs\": {}}}",
             kind.name(),
-            build_s + probe_s
+            build_s + probe_s,
+            pairs.len()
         ));
     }
     if let Some(path) = &args.json {
         let mut f = File::create(path).unwrap();
         writeln!(
             f,
-            "{{\"parquet\": \"{}\", \"rows\": {}, \"nnz\": {}, \"queries\": {q}, \"k\": {}, \"threads\": {threads}, \"results\": [\n{}\n]}}",
+            "{{\"parquet\": \"{}\", \"rows\": {}, \"nnz\": {}, \"queries\": {q}, \"k\": {}, \"radius\": {}, \"threads\": {threads}, \"results\": [\n{}\n]}}",
             args.parquet,
             right.len(),
             right.nnz(),
             args.k,
+            args.radius.map_or("null".to_string(), |r| r.to_string()),
             json.join(",\n")
         )
         .unwrap();

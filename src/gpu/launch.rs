@@ -12,6 +12,9 @@ use super::memory::{addr, download, upload, zeros};
 use super::prepare::{union_left_rows, ColumnMap, DevPart};
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
+
+/// Room for this many radius pairs per left row before a join has found any.
+pub(crate) const DEFAULT_RADIUS_PAIRS_PER_ROW: u64 = 64;
 use crate::vector::SparseBatch;
 
 /// `self_first` when exclude_self is off (the kernels' NO_SELF).
@@ -48,6 +51,8 @@ pub(crate) struct PartLaunch<'a> {
     pub max_row_len: i32,
     /// Radius joins: a radius per left row of the batch instead of the selection's.
     pub row_radius: Option<&'a [f64]>,
+    /// Pairs per left row to make room for (updated with what each launch finds).
+    pub radius_pairs_per_row: &'a std::cell::Cell<u64>,
 }
 
 impl PartLaunch<'_> {
@@ -129,9 +134,13 @@ impl PartLaunch<'_> {
         let mut r_cap: u64 = if knn {
             1
         } else {
-            // Room for 64 pairs per left row, within what the budget leaves (16 bytes a pair).
+            // Room for as many pairs per left row as the last launch found (a little more), within
+            // what the budget leaves (16 bytes a pair).
             let room = self.budget.saturating_sub(held + needed) / 16 / 2;
-            ((nwork as u64) * 64).clamp(64, 1 << 24).min(room.max(64))
+            let per_row = self.radius_pairs_per_row.get();
+            ((nwork as u64) * (per_row + per_row / 4))
+                .clamp(64, 1 << 24)
+                .min(room.max(64))
         };
 
         let d_off = upload(device, off, stats)?;
@@ -336,10 +345,13 @@ impl PartLaunch<'_> {
                     return Ok(None);
                 }
                 // The pair list overflowed: run again with room for every pair.
+                log::debug!("radius pairs: {found} found, room for {r_cap}: running again");
                 r_cap = found;
                 continue;
             }
             let n = found as usize;
+            self.radius_pairs_per_row
+                .set((found / nwork.max(1) as u64).max(DEFAULT_RADIUS_PAIRS_PER_ROW));
             let lefts = download(device, &r_left, n)?;
             let rights = download(device, &r_right, n)?;
             let dists = download(device, &r_dist, n)?;

@@ -11,6 +11,14 @@ pub struct PairList {
 }
 
 impl PairList {
+    pub fn with_capacity(pairs: usize) -> Self {
+        PairList {
+            left: Vec::with_capacity(pairs),
+            right: Vec::with_capacity(pairs),
+            distance: Vec::with_capacity(pairs),
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.left.len()
     }
