@@ -23,7 +23,7 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, MetricsSet,
     RecordOutput, Time,
 };
-use datafusion::physical_plan::stream::{RecordBatchReceiverStreamBuilder, RecordBatchStreamAdapter};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{
     DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
     Partitioning, PlanProperties, SendableRecordBatchStream,
@@ -46,10 +46,6 @@ use crate::vector::SparseBatch;
 /// (k, or every right row for a radius join) stay below this, so a join that matches everything
 /// streams its output slice by slice instead of holding it all (2M pairs: 32 MB of pairs).
 const PAIRS_PER_PROBE: usize = 1 << 21;
-
-/// Left batches read ahead per partition while the right side is built and while earlier batches
-/// are probed: the first probe then starts on data already decoded.
-const LEFT_READ_AHEAD: usize = 2;
 
 type SharedBuild =
     Shared<BoxFuture<'static, std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>>>;
@@ -419,30 +415,7 @@ impl ExecutionPlan for SparseJoinExec {
         let mut next_row: u64 = 0;
         let batch_size = context.session_config().batch_size().max(1);
         let spec = Arc::clone(&self.spec);
-        let left_schema = self.left.schema();
         let stream = futures::stream::once(async move {
-            // Read the left input in a task of its own from now on (the right side is still
-            // being read and built); it stops when this stream is dropped. Not for a self join
-            // that probes the right side's own batches.
-            let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
-                if reuse_right {
-                    left_stream.boxed()
-                } else {
-                    let mut ahead = RecordBatchReceiverStreamBuilder::new(left_schema, LEFT_READ_AHEAD);
-                    let tx = ahead.tx();
-                    ahead.spawn(async move {
-                        let mut left_stream = std::pin::pin!(left_stream);
-                        while let Some(batch) = left_stream.next().await {
-                            let failed = batch.is_err();
-                            // A closed channel: the join's output was dropped.
-                            if tx.send(batch).await.is_err() || failed {
-                                break;
-                            }
-                        }
-                        Ok(())
-                    });
-                    ahead.build().boxed()
-                };
             let build = build.await.map_err(DataFusionError::Shared)?;
             let per_row = match spec.kind {
                 JoinKind::Knn { k } => k.min(build.rows),
@@ -462,7 +435,7 @@ impl ExecutionPlan for SparseJoinExec {
                             .collect();
                         futures::stream::iter(slices).boxed()
                     }
-                    _ => left_stream,
+                    _ => left_stream.boxed(),
                 };
             let batches = left_stream
                 .map_ok(move |batch| {
