@@ -38,23 +38,53 @@ pub fn merge_nearest(mut parts: Vec<PairList>, k: usize, similarity: bool) -> Pa
     out
 }
 
-/// Radius pairs of all parts and chunks, ordered by left row then right row.
+/// Radius pairs of all parts and chunks, ordered by left row then right row. Left rows are the
+/// rows of one batch (a small range): the pairs are bucketed by left row in linear time, then
+/// each row's pairs sorted by right row in parallel. A certified metric's candidates run to
+/// millions per batch, where one global sort of 64-bit keys took longer than the kernels.
 pub fn merge_within(parts: Vec<PairList>) -> PairList {
-    let mut all: Vec<(u64, f64)> = parts
-        .into_iter()
-        .flat_map(|p| {
-            p.left
-                .into_iter()
-                .zip(p.right)
-                .zip(p.distance)
-                .map(|((l, r), d)| (((l as u64) << 32) | r as u64, d))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    all.par_sort_unstable_by_key(|e| e.0);
-    let mut out = PairList::default();
-    for (key, d) in all {
-        out.push((key >> 32) as u32, key as u32, d);
+    let total: usize = parts.iter().map(PairList::len).sum();
+    let rows = parts
+        .iter()
+        .flat_map(|p| p.left.iter().copied().max())
+        .max()
+        .map_or(0, |m| m as usize + 1);
+    let mut starts = vec![0usize; rows + 1];
+    for p in &parts {
+        for &l in &p.left {
+            starts[l as usize + 1] += 1;
+        }
+    }
+    for r in 0..rows {
+        starts[r + 1] += starts[r];
+    }
+    let mut fill = starts.clone();
+    let mut bucketed = vec![(0u32, 0f64); total];
+    for p in &parts {
+        for ((&l, &r), &d) in p.left.iter().zip(&p.right).zip(&p.distance) {
+            let at = &mut fill[l as usize];
+            bucketed[*at] = (r, d);
+            *at += 1;
+        }
+    }
+    drop(parts);
+    // Disjoint slices, one per left row, sorted by right row (a right row appears once per left
+    // row: the parts cover disjoint right rows).
+    let mut groups: Vec<&mut [(u32, f64)]> = Vec::with_capacity(rows);
+    let mut rest = &mut bucketed[..];
+    for r in 0..rows {
+        let (group, tail) = rest.split_at_mut(starts[r + 1] - starts[r]);
+        groups.push(group);
+        rest = tail;
+    }
+    groups
+        .par_iter_mut()
+        .for_each(|g| g.sort_unstable_by_key(|e| e.0));
+    let mut out = PairList::with_capacity(total);
+    for r in 0..rows {
+        for &(right, d) in &bucketed[starts[r]..starts[r + 1]] {
+            out.push(r as u32, right, d);
+        }
     }
     out
 }
