@@ -4,6 +4,7 @@
 //! One struct serves both functions; it names itself `KnnJoinExec` or `RadiusJoinExec`.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -421,7 +422,13 @@ impl ExecutionPlan for SparseJoinExec {
                 JoinKind::Knn { k } => k.min(build.rows),
                 JoinKind::Radius { .. } => build.rows,
             };
-            let slice_rows = (PAIRS_PER_PROBE / per_row.max(1)).max(1);
+            // Left rows per probe, so that one probe's pairs stay near PAIRS_PER_PROBE. A radius
+            // join starts from the worst case (every right row within the radius) and, as probes
+            // find fewer pairs per row, at most doubles the slice each probe: at 20 rows a probe
+            // (100K right rows) the GPU had one block per left row and sat idle.
+            let slice_rows = Arc::new(AtomicUsize::new((PAIRS_PER_PROBE / per_row.max(1)).max(1)));
+            let grow_slices = matches!(spec.kind, JoinKind::Radius { .. });
+            let slice_size = Arc::clone(&slice_rows);
             let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
                 match (&build.input, reuse_right) {
                     (Some(input), true) => {
@@ -441,20 +448,37 @@ impl ExecutionPlan for SparseJoinExec {
                 .map_ok(move |batch| {
                     let first_row = next_row;
                     next_row += batch.num_rows() as u64;
-                    let slices: Vec<Result<(u64, RecordBatch)>> = (0..batch.num_rows())
-                        .step_by(slice_rows)
-                        .map(|start| {
-                            let len = slice_rows.min(batch.num_rows() - start);
-                            Ok((first_row + start as u64, batch.slice(start, len)))
-                        })
-                        .collect();
-                    futures::stream::iter(slices)
+                    // Cut lazily: each slice takes the size the probes before it left.
+                    let slice_rows = Arc::clone(&slice_size);
+                    futures::stream::unfold(0usize, move |start| {
+                        let batch = batch.clone();
+                        let slice_rows = Arc::clone(&slice_rows);
+                        async move {
+                            (start < batch.num_rows()).then(|| {
+                                let len = slice_rows
+                                    .load(Ordering::Relaxed)
+                                    .min(batch.num_rows() - start);
+                                let slice = (first_row + start as u64, batch.slice(start, len));
+                                (Ok::<_, DataFusionError>(slice), start + len)
+                            })
+                        }
+                    })
                 })
                 .try_flatten()
                 .and_then(move |(first_row, batch)| {
                     let probe = probe.clone();
                     let build = Arc::clone(&build);
-                    async move { probe.run(build, batch, first_row, exclude_self).await }
+                    let slice_rows = Arc::clone(&slice_rows);
+                    async move {
+                        let rows = batch.num_rows();
+                        let out = probe.run(build, batch, first_row, exclude_self).await?;
+                        if grow_slices {
+                            let per_row = out.num_rows().div_ceil(rows.max(1)).max(1);
+                            let fits = (PAIRS_PER_PROBE / (2 * per_row)).max(1);
+                            slice_rows.store(fits.min(2 * rows.max(1)), Ordering::Relaxed);
+                        }
+                        Ok(out)
+                    }
                 })
                 // A left batch of n rows makes up to n * k pairs: hand them on in slices of the
                 // session's batch size (slicing copies nothing).
