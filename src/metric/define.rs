@@ -12,7 +12,8 @@
 //!   that `pair` reads as `lx` (of x) and `ly` (of y). The CPU computes it once per stored right
 //!   value and once per left value instead of once per pair: kl_divergence's `x·(ln x − ln y)` is
 //!   then a multiply-add where `x·ln(x/y)` was a division and a logarithm per shared column. The
-//!   GPU computes it in place;
+//!   GPU computes it in place. The CPU's dense columns hold zeros too, with the lift of 0 beside
+//!   them: a pair that vanishes (`pair_vanishes: true`) must vanish given that lift as well;
 //! - optionally `exact_term(x, y)`: the full term over the union, for metrics whose folded form
 //!   cancels badly (minkowski) and for max-reduced metrics (chebyshev), whose `finish` is then
 //!   applied to `Σ term` (or `max term`) with zero totals. Both backends compute such a metric
