@@ -23,7 +23,7 @@ pub(crate) const DENSE_RATIO: usize = 8;
 /// The dense threshold of metrics whose dense pass costs more per row: a masked pair (evaluated
 /// on the zeros too, then dropped) or a lifted one (an f64 lift read beside each f32 value). On
 /// the movielens shape (30K rows, 1,000 queries) 2 rather than 8 took kl_divergence from 2.0 to
-/// 1.6 s, jensenshannon from 12.3 to 9.7 s and minkowski from 4.4 to 2.1 s; cosine, whose pass is
+/// 1.6 s, jensenshannon from 11.0 to 9.7 s and minkowski from 4.4 to 2.1 s; cosine, whose pass is
 /// one multiply-add, keeps 8.
 pub(crate) const COSTLY_DENSE_RATIO: usize = 2;
 
