@@ -14,12 +14,9 @@
 //! through `metric::union_distance`, the function the GPU's exact step uses, over the rows' own
 //! indices: the same bits whatever the index holds (one shard of the right side or all of it).
 
-use super::folded::{accumulate, FoldedScratch};
+use super::folded::{accumulate, FoldedScratch, BLOCK};
 use super::index::CpuIndex;
 use crate::join::{within, PairList, Selection, TopK};
-
-/// Right rows per admission test (as in the folded kernel).
-const BLOCK: usize = 64;
 use crate::metric::{sorted_nonzeros_into, union_distance, RowTotals, Semiring};
 
 /// Scratch of one thread for this strategy, reused across left rows.
@@ -91,11 +88,7 @@ fn certified_row_impl<S: Semiring>(
     out: &mut PairList,
 ) {
     let n = index.rows;
-    let left_totals = if S::PAIR_VANISHES {
-        accumulate::<S, false>(s, index, (indices, values), folded)
-    } else {
-        accumulate::<S, true>(s, index, (indices, values), folded)
-    };
+    let left_totals = accumulate(s, index, (indices, values), folded);
     let acc = &mut folded.acc0[..n];
 
     sorted_nonzeros_into((indices, values), &mut ws.left);

@@ -42,7 +42,7 @@ impl FoldedScratch {
 
 /// One left row: its pairs are appended to `out` (nearest first for knn, by right row for radius).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn folded_row<S: Semiring, const MASKED: bool>(
+pub(crate) fn folded_row<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     row: (&[i32], &[f32]),
@@ -57,19 +57,17 @@ pub(crate) fn folded_row<S: Semiring, const MASKED: bool>(
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU has the features the function is compiled for (checked just above).
-            unsafe {
-                folded_row_avx2::<S, MASKED>(s, index, row, left_row, skip, selection, ws, out)
-            };
+            unsafe { folded_row_avx2(s, index, row, left_row, skip, selection, ws, out) };
             return;
         }
     }
-    folded_row_impl::<S, MASKED>(s, index, row, left_row, skip, selection, ws, out);
+    folded_row_impl(s, index, row, left_row, skip, selection, ws, out);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn folded_row_avx2<S: Semiring, const MASKED: bool>(
+unsafe fn folded_row_avx2<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     row: (&[i32], &[f32]),
@@ -79,12 +77,12 @@ unsafe fn folded_row_avx2<S: Semiring, const MASKED: bool>(
     ws: &mut FoldedScratch,
     out: &mut PairList,
 ) {
-    folded_row_impl::<S, MASKED>(s, index, row, left_row, skip, selection, ws, out);
+    folded_row_impl(s, index, row, left_row, skip, selection, ws, out);
 }
 
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn folded_row_impl<S: Semiring, const MASKED: bool>(
+fn folded_row_impl<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
@@ -95,7 +93,7 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
     out: &mut PairList,
 ) {
     let n = index.rows;
-    let left_totals = accumulate::<S, MASKED>(s, index, (indices, values), ws);
+    let left_totals = accumulate(s, index, (indices, values), ws);
     let acc0 = &mut ws.acc0[..n];
     let acc1: &mut [f64] = if S::TWO_ACCUMULATORS {
         &mut ws.acc1[..n]
@@ -169,7 +167,7 @@ fn folded_row_impl<S: Semiring, const MASKED: bool>(
 /// left row shares with right row j; returns the left row's totals. The caller zeroes the
 /// accumulators after use.
 #[inline(always)]
-pub(crate) fn accumulate<S: Semiring, const MASKED: bool>(
+pub(crate) fn accumulate<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
@@ -212,10 +210,10 @@ pub(crate) fn accumulate<S: Semiring, const MASKED: bool>(
     for g in &mut groups {
         let cols = [dense(g[0].0), dense(g[1].0), dense(g[2].0), dense(g[3].0)];
         let xs = [left(g[0].1), left(g[1].1), left(g[2].1), left(g[3].1)];
-        add_dense::<S, MASKED, 4>(s, cols, xs, acc0, acc1);
+        add_dense::<S, 4>(s, cols, xs, acc0, acc1);
     }
     for &(slot, x) in groups.remainder() {
-        add_dense::<S, MASKED, 1>(s, [dense(slot)], [left(x)], acc0, acc1);
+        add_dense::<S, 1>(s, [dense(slot)], [left(x)], acc0, acc1);
     }
 
     for &(col, x) in &ws.sparse_hits {
@@ -255,9 +253,10 @@ struct Column<'a> {
 
 /// `acc[j] += Σ_g pair(x_g, col_g[j])` over all right rows: a streaming loop the compiler
 /// vectorises (f32 loads widened to f64), in place of a scatter through postings. `xs` holds each
-/// left value with its lift.
+/// left value with its lift. A pair that does not vanish on zeros (`Semiring::PAIR_VANISHES`) is
+/// masked: the zeros of the dense column are skipped.
 #[inline(always)]
-fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
+fn add_dense<S: Semiring, const G: usize>(
     s: &S,
     cols: [Column; G],
     xs: [(f32, f64); G],
@@ -265,6 +264,7 @@ fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
     acc1: &mut [f64],
 ) {
     let n = acc0.len();
+    let masked = !S::PAIR_VANISHES;
     let vals = cols.map(|c| &c.vals[..n]);
     let lifts = cols.map(|c| if S::LIFTED { &c.lifts[..n] } else { &[][..] });
     let lift = |g: usize, j: usize| if S::LIFTED { lifts[g][j] } else { 0.0 };
@@ -274,7 +274,7 @@ fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
             let (mut a, mut b) = (0.0, 0.0);
             for g in 0..G {
                 let y = vals[g][j];
-                if !MASKED || y != 0.0 {
+                if !masked || y != 0.0 {
                     let (p, q) = s.pair_lifted(xs[g].0, xs[g].1, y, lift(g, j));
                     a += p;
                     b += q;
@@ -288,7 +288,7 @@ fn add_dense<S: Semiring, const MASKED: bool, const G: usize>(
             let mut a = 0.0;
             for g in 0..G {
                 let y = vals[g][j];
-                if !MASKED || y != 0.0 {
+                if !masked || y != 0.0 {
                     a += s.pair_lifted(xs[g].0, xs[g].1, y, lift(g, j)).0;
                 }
             }
@@ -355,7 +355,7 @@ fn fill_filters(form: KeyForm, acc: &[f64], base: &[f64], left: FilterLeft, out:
 
 /// Right rows per admission test: a block's filter values are computed with vector instructions,
 /// and a block where none beats the k-th row so far costs one comparison per row.
-const BLOCK: usize = 64;
+pub(crate) const BLOCK: usize = 64;
 
 /// Offers every kept right row to `topk`: rows whose filter value (see [`KeyForm`]) beats the
 /// k-th row's are finished and pushed by their true distance.

@@ -147,12 +147,16 @@ fn probe_row<S: Semiring>(
     out: &mut PairList,
 ) {
     if S::REDUCTION == Reduction::Sum {
-        let scratch = &mut ws.folded;
-        if S::PAIR_VANISHES {
-            folded_row::<_, false>(s, index, row, left_row, skip, selection, scratch, out)
-        } else {
-            folded_row::<_, true>(s, index, row, left_row, skip, selection, scratch, out)
-        }
+        folded_row(
+            s,
+            index,
+            row,
+            left_row,
+            skip,
+            selection,
+            &mut ws.folded,
+            out,
+        );
         return;
     }
     if let Selection::Nearest(k) = selection {

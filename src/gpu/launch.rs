@@ -12,10 +12,10 @@ use super::memory::{addr, download, upload, zeros};
 use super::prepare::{union_left_rows, ColumnMap, DevPart};
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
+use crate::vector::SparseBatch;
 
 /// Room for this many radius pairs per left row before a join has found any.
 pub(crate) const DEFAULT_RADIUS_PAIRS_PER_ROW: u64 = 64;
-use crate::vector::SparseBatch;
 
 /// `self_first` when exclude_self is off (the kernels' NO_SELF).
 const NO_SELF: i64 = i64::MIN;
