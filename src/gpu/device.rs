@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
+use cudarc::nvrtc::Ptx;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, PushKernelArg,
 };
@@ -248,8 +249,7 @@ impl Device {
         modules
             .entry(key)
             .or_insert_with(|| {
-                let ptx = kernels::compile(&program.source, program.name, &self.arch)
-                    .map_err(|e| e.to_string())?;
+                let ptx = compiled(key, program, &self.arch)?;
                 guarded("loading the kernels", || {
                     self.ctx
                         .load_module(ptx)
@@ -261,6 +261,11 @@ impl Device {
             .map_err(|e| exec_datafusion_err!("{e}"))
     }
 
+    /// Compiles and loads `program`'s module now (a warm-up ahead of the first probe).
+    pub fn load(&self, program: &MetricProgram) -> Result<()> {
+        self.module(source_key(program), program).map(|_| ())
+    }
+
     /// Kernel `name` of `program`'s module, allowed `smem` bytes of dynamic shared memory.
     pub fn function(
         &self,
@@ -268,12 +273,7 @@ impl Device {
         name: &'static str,
         smem: u32,
     ) -> Result<CudaFunction> {
-        let key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            program.source.hash(&mut h);
-            h.finish()
-        };
+        let key = source_key(program);
         let module = self.module(key, program)?;
         let mut cache = self
             .functions
@@ -305,6 +305,33 @@ impl Device {
             .map_err(cuda_err("reading free device memory"))?;
         Ok((free as u64, total as u64))
     }
+}
+
+/// The module cache's key: a hash of the program's source.
+fn source_key(program: &MetricProgram) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    program.source.hash(&mut h);
+    h.finish()
+}
+
+/// `program` compiled for `arch`, once per process: GPUs of one architecture share the PTX (each
+/// loads it into its own context), and a second GPU waits for the first one's compile instead of
+/// running NVRTC again.
+fn compiled(key: u64, program: &MetricProgram, arch: &str) -> std::result::Result<Ptx, String> {
+    type Slot = Arc<OnceLock<std::result::Result<Ptx, String>>>;
+    static PTX: OnceLock<Mutex<HashMap<(u64, String), Slot>>> = OnceLock::new();
+    let slot: Slot = PTX
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry((key, arch.to_string()))
+        .or_default()
+        .clone();
+    slot.get_or_init(|| {
+        kernels::compile(&program.source, program.name, arch).map_err(|e| e.to_string())
+    })
+    .clone()
 }
 
 /// Makes a kernel fault on GPU `ordinal` (a write to an invalid address), leaving its context

@@ -182,6 +182,37 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// Opens each GPU of this backend and compiles and loads `metric`'s kernels on it, on
+    /// threads of their own, and returns at once: a join calls it before reading its right side,
+    /// so that the contexts and NVRTC (a fixed 0.3-1 s per process) overlap the read. Errors are
+    /// left for the build, which meets them again and reports them.
+    pub fn warm_up(&self, metric: &Metric) {
+        let Ok(ordinals) = self.ordinals() else {
+            return;
+        };
+        let program = crate::with_semiring!(metric, s => kernels::MetricProgram::of(&s));
+        let program = Arc::new(program);
+        for ordinal in ordinals {
+            let program = Arc::clone(&program);
+            let spawned = std::thread::Builder::new()
+                .name(format!("sparse-knn-gpu{ordinal}-warm-up"))
+                .spawn(move || {
+                    let started = std::time::Instant::now();
+                    match device::device(ordinal).and_then(|d| d.load(&program)) {
+                        Ok(()) => log::debug!(
+                            "GPU {ordinal}: context and {} kernels ready in {:?}",
+                            program.name,
+                            started.elapsed()
+                        ),
+                        Err(e) => log::debug!("GPU {ordinal}: warm-up failed: {e}"),
+                    }
+                });
+            if let Err(e) = spawned {
+                log::debug!("GPU {ordinal}: no warm-up thread: {e}");
+            }
+        }
+    }
+
     /// The GPUs to use: those of the `gpus` option, or every visible one.
     pub fn ordinals(&self) -> Result<Vec<usize>> {
         let count = device::device_count()?;

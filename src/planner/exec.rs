@@ -48,6 +48,9 @@ use crate::vector::SparseBatch;
 /// streams its output slice by slice instead of holding it all (2M pairs: 32 MB of pairs).
 const PAIRS_PER_PROBE: usize = 1 << 21;
 
+/// Probes of one output partition that run at once (see `execute`).
+const PROBES_IN_FLIGHT: usize = 2;
+
 type SharedBuild =
     Shared<BoxFuture<'static, std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>>>;
 
@@ -465,7 +468,7 @@ impl ExecutionPlan for SparseJoinExec {
                     })
                 })
                 .try_flatten()
-                .and_then(move |(first_row, batch)| {
+                .map_ok(move |(first_row, batch)| {
                     let probe = probe.clone();
                     let build = Arc::clone(&build);
                     let slice_rows = Arc::clone(&slice_rows);
@@ -480,6 +483,10 @@ impl ExecutionPlan for SparseJoinExec {
                         Ok(out)
                     }
                 })
+                // Two probes in flight: one's host work (converting its left rows, merging the
+                // GPUs' lists, gathering the output columns) overlaps the other's kernels; the
+                // output keeps the left order.
+                .try_buffered(PROBES_IN_FLIGHT)
                 // A left batch of n rows makes up to n * k pairs: hand them on in slices of the
                 // session's batch size (slicing copies nothing).
                 .map_ok(move |batch| {
@@ -529,7 +536,7 @@ struct BuildSide {
     key_groups: Option<KeyGroups>,
     /// The right input's other columns, all rows in order.
     others: RecordBatch,
-    _reservation: MemoryReservation,
+    _reservation: Arc<MemoryReservation>,
 }
 
 /// What the blocking build task hands back: the index, the key groups, the right input itself
@@ -544,9 +551,26 @@ type BuiltSide = (
     usize,
 );
 
+fn gpu_options(spec: &JoinSpec) -> GpuOptions {
+    GpuOptions {
+        memory_limit: spec.options.gpu_memory_limit,
+        gpus: spec.options.gpus.clone(),
+    }
+}
+
+/// One right partition as read: its batches and their vectors, converted where they were valid
+/// (None: converted again with the rows' place in the whole side, for the error).
+#[derive(Default)]
+struct ReadPartition {
+    batches: Vec<RecordBatch>,
+    pieces: Vec<Option<Vec<SparseBatch>>>,
+}
+
 /// Counters of the build, shown once per operator.
 struct BuildMetrics {
     rows: Count,
+    /// Reading the right side (and converting its vectors), until the last partition is in.
+    read_time: Time,
     time: Time,
     memory: Gauge,
     bytes_to_device: Count,
@@ -558,6 +582,7 @@ impl BuildMetrics {
     fn new(metrics: &ExecutionPlanMetricsSet) -> Self {
         Self {
             rows: MetricBuilder::new(metrics).global_counter("build_rows"),
+            read_time: MetricBuilder::new(metrics).subset_time("build_read_time", 0),
             time: MetricBuilder::new(metrics).subset_time("build_time", 0),
             memory: MetricBuilder::new(metrics).global_gauge("build_mem_used"),
             bytes_to_device: MetricBuilder::new(metrics).global_counter("build_bytes_to_device"),
@@ -580,46 +605,80 @@ struct BuildJob {
 
 impl BuildJob {
     async fn run(self) -> Result<BuildSide> {
-        let reservation = MemoryConsumer::new(format!("{}[build side]", self.name))
-            .register(self.context.memory_pool());
+        let reservation = Arc::new(
+            MemoryConsumer::new(format!("{}[build side]", self.name))
+                .register(self.context.memory_pool()),
+        );
         let partitions = self.right.output_partitioning().partition_count();
-        // Partitions are read concurrently but kept in partition order: that order is the right
-        // side's row order, which breaks ties and defines exclude_self's row positions.
-        let reading = (0..partitions).map(|p| {
-            let right = Arc::clone(&self.right);
-            let context = Arc::clone(&self.context);
-            let reservation = &reservation;
-            async move {
-                let mut stream = right.execute(p, context)?;
-                let mut batches = Vec::new();
-                while let Some(batch) = stream.next().await {
-                    let batch = batch?;
-                    reservation.try_grow(batch.get_array_memory_size())?;
-                    batches.push(batch);
-                }
-                Ok::<_, DataFusionError>(batches)
+        let started = Instant::now();
+        // The GPUs open their contexts and compile the metric's kernels while the right side is
+        // read (both take a fixed ~0.3-1 s that used to come after the read).
+        if self.device == Device::Gpu {
+            GpuBackend {
+                options: gpu_options(&self.spec),
             }
-        });
-        let batches: Vec<RecordBatch> = futures::future::try_join_all(reading)
-            .await
-            .map_err(|e| self.resource_hint(e))?
-            .into_iter()
-            .flatten()
+            .warm_up(&self.spec.metric);
+        }
+        let right_schema = self.right.schema();
+        let vector_name = right_schema.field(self.layout.right_vector).name().clone();
+        // Each partition is read (and its vectors converted) on a task of its own: polled from
+        // this one task, a file scan decodes one partition at a time. Partitions stay in
+        // partition order: that order is the right side's row order, which breaks ties and
+        // defines exclude_self's row positions.
+        let reading: Vec<SpawnedTask<Result<ReadPartition>>> = (0..partitions)
+            .map(|p| {
+                let stream = self.right.execute(p, Arc::clone(&self.context));
+                let reservation = Arc::clone(&reservation);
+                let check = self.spec.vector_check(&vector_name);
+                let vector = self.layout.right_vector;
+                SpawnedTask::spawn(async move {
+                    let mut stream = stream?;
+                    let mut read = ReadPartition::default();
+                    let mut row = 0u64;
+                    while let Some(batch) = stream.next().await {
+                        let batch = batch?;
+                        reservation.try_grow(batch.get_array_memory_size())?;
+                        // Row numbers count from this partition's start; a batch that fails is
+                        // converted again below, where its rows have their place in the whole
+                        // side, so that the error names the right row.
+                        read.pieces.push(
+                            SparseBatch::try_from_array_chunked(
+                                batch.column(vector).as_ref(),
+                                &check.clone().with_first_row(row),
+                                max_chunk_nnz(),
+                            )
+                            .ok(),
+                        );
+                        row += batch.num_rows() as u64;
+                        read.batches.push(batch);
+                    }
+                    Ok(read)
+                })
+            })
             .collect();
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut converted: Vec<Option<Vec<SparseBatch>>> = Vec::new();
+        for task in reading {
+            let read = task
+                .join()
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+                .map_err(|e| self.resource_hint(e))?;
+            batches.extend(read.batches);
+            converted.extend(read.pieces);
+        }
+        self.metrics.read_time.add_duration(started.elapsed());
 
         let started = Instant::now();
         let Self {
             spec,
             device,
-            right,
             layout,
             metrics,
             name,
             keep_input,
             ..
         } = self;
-        let right_schema = right.schema();
-        let vector_name = right_schema.field(layout.right_vector).name().clone();
         let right_key = match &spec.options.exclude_self {
             ExcludeSelf::Column(c) => Some(key_column(&right_schema, c, "right")?),
             _ => None,
@@ -629,13 +688,15 @@ impl BuildJob {
             // Pieces of at most max_chunk_nnz() entries; the backend cuts them into shards.
             let mut pieces = Vec::with_capacity(batches.len());
             let mut row = 0u64;
-            for batch in &batches {
-                let array = batch.column(layout.right_vector);
-                pieces.extend(SparseBatch::try_from_array_chunked(
-                    array.as_ref(),
-                    &check.clone().with_first_row(row),
-                    max_chunk_nnz(),
-                )?);
+            for (batch, done) in batches.iter().zip(converted) {
+                match done {
+                    Some(done) => pieces.extend(done),
+                    None => pieces.extend(SparseBatch::try_from_array_chunked(
+                        batch.column(layout.right_vector).as_ref(),
+                        &check.clone().with_first_row(row),
+                        max_chunk_nnz(),
+                    )?),
+                }
                 row += batch.num_rows() as u64;
             }
             let rows = row as usize;
@@ -669,10 +730,7 @@ impl BuildJob {
             let backend: Box<dyn Backend> = match device {
                 Device::Cpu => Box::new(CpuBackend),
                 Device::Gpu => Box::new(GpuBackend {
-                    options: GpuOptions {
-                        memory_limit: spec.options.gpu_memory_limit,
-                        gpus: spec.options.gpus.clone(),
-                    },
+                    options: gpu_options(&spec),
                 }),
             };
             let index = backend.build_pieces(pieces, &spec.metric)?;
@@ -828,20 +886,25 @@ impl ProbeJob {
         for (ordinal, time) in gpu_times {
             self.gpu_time(ordinal).add_duration(time);
         }
+        // This probe's own share of the partition's reservation (probes overlap), freed when
+        // the batch becomes the consumer's.
+        let reservation = self.reservation.new_empty();
         let held = pairs.len() * 16;
-        self.reserve(held, batch.num_rows())?;
+        self.reserve(&reservation, held, batch.num_rows())?;
 
         let _timer = self.baseline.elapsed_compute().timer();
         let out = self.assemble(&build, &batch, pairs)?;
-        self.reserve(held + out.get_array_memory_size(), batch.num_rows())?;
+        self.reserve(
+            &reservation,
+            held + out.get_array_memory_size(),
+            batch.num_rows(),
+        )?;
         self.pairs.add(out.num_rows());
-        // The batch is the consumer's from here on.
-        self.reservation.free();
         Ok(out)
     }
 
-    fn reserve(&self, bytes: usize, rows: usize) -> Result<()> {
-        self.reservation.try_resize(bytes).map_err(|e| {
+    fn reserve(&self, reservation: &MemoryReservation, bytes: usize, rows: usize) -> Result<()> {
+        reservation.try_resize(bytes).map_err(|e| {
             let reason = match e {
                 DataFusionError::ResourcesExhausted(m) => m,
                 e => e.to_string(),
