@@ -924,3 +924,27 @@ async fn a_radius_join_matching_everything_streams_in_bounded_memory() {
         "{e}"
     );
 }
+
+/// The right side's partitions are read and converted concurrently, each counting its rows from
+/// its own start: a bad vector in a later partition must still be named by its row in the whole
+/// right side, whichever partition finishes first.
+#[tokio::test]
+async fn a_bad_right_vector_is_named_by_its_row_in_the_whole_side() {
+    let ctx = datafusion_sparse_knn::session_context();
+    let mut rng = StdRng::seed_from_u64(11);
+    let left = random_rows(&mut rng, 10, true);
+    let mut right = random_rows(&mut rng, 90, true);
+    // Partitions of 30 rows: row 71 is the 12th row of the third.
+    right[71] = Some(vec![(2, 4.0), (5, -3.0)]);
+    ctx.register_table("l", table(&left, 0, 1)).unwrap();
+    ctx.register_table("r", table(&right, 1000, 3)).unwrap();
+    let message = error(
+        &ctx,
+        "SELECT * FROM knn_join(l, r, 'hellinger', 3, 'device=cpu')",
+    )
+    .await;
+    assert!(
+        message.contains("row 71: negative value -3 at index 5"),
+        "{message}"
+    );
+}

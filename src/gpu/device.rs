@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
-use cudarc::nvrtc::Ptx;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, PushKernelArg,
 };
+use cudarc::nvrtc::Ptx;
 use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
 
 use super::kernels::{self, MetricProgram};

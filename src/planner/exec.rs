@@ -668,6 +668,12 @@ impl BuildJob {
             converted.extend(read.pieces);
         }
         self.metrics.read_time.add_duration(started.elapsed());
+        log::debug!(
+            "{}: read the right side ({} batches) in {:?}",
+            self.name,
+            batches.len(),
+            started.elapsed()
+        );
 
         let started = Instant::now();
         let Self {
@@ -840,6 +846,7 @@ impl ProbeJob {
         let column = self.left_vector.clone();
         let probe_build = Arc::clone(&build);
         let cancel = self.cancel.clone();
+        let started = Instant::now();
         let Probed {
             pairs,
             compute_time: kernel,
@@ -881,6 +888,12 @@ impl ProbeJob {
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
+        log::debug!(
+            "{}: probed left rows {first_row}..{} in {:?} (kernels {kernel:?})",
+            self.spec.function_name(),
+            first_row + batch.num_rows() as u64,
+            started.elapsed()
+        );
         self.kernel_time.add_duration(kernel);
         self.bytes_to_device.add(bytes as usize);
         for (ordinal, time) in gpu_times {
