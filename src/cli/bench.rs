@@ -163,8 +163,14 @@ pub async fn run(args: BenchArgs) -> CliResult<()> {
                 None
             };
             let mut best: Option<Run> = None;
-            for _ in 0..args.repeat.max(1) {
+            for repeat in 0..args.repeat.max(1) {
                 let run = time_one(&ctx, &sql, metric, device, &data, queries, args.k).await;
+                log::info!(
+                    "bench: {metric} on {device}, run {}: {:.3} s (kernels {:.3?} s)",
+                    repeat + 1,
+                    run.wall_s,
+                    run.kernel_s
+                );
                 let failed = run.error.is_some();
                 if best
                     .as_ref()

@@ -157,7 +157,7 @@ impl GpuIndex {
 
         // Column ids: the indices themselves when the index space is not much larger than the
         // data, else the sorted distinct indices (found by binary search on the device).
-        let nnz_nonzero = right.values().iter().filter(|v| **v != 0.0).count();
+        let nnz_nonzero = right.values().par_iter().filter(|v| **v != 0.0).count();
         let max_dim = right.max_dim();
         let columns = if max_dim <= 4 * nnz_nonzero + (1 << 20) {
             ColumnMap::Direct(max_dim)

@@ -43,6 +43,11 @@ pub fn is_available() -> bool {
     device::device(0).is_ok()
 }
 
+/// Whether the driver lists at least one device (without opening a context on it).
+pub fn has_devices() -> bool {
+    device::device_count().is_ok()
+}
+
 /// Why `device=auto` does not run on the GPU (no driver, no device, no NVRTC to compile the
 /// kernels), or None when it does.
 pub fn auto_fallback_reason() -> Option<String> {
@@ -110,7 +115,21 @@ impl Backend for GpuBackend {
         let ordinals = self.ordinals()?;
         let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
         let per_gpu = total.div_ceil(ordinals.len()).max(1);
-        let chunks = split_rows(pieces, per_gpu.min(max_chunk_nnz()))?;
+        // A share may pass its even part by up to one row: cut exactly at it, the last rows
+        // made a chunk of their own (a 1-row shard, probed and merged on every probe).
+        let longest = pieces
+            .iter()
+            .flat_map(|p| p.offsets().windows(2).map(|w| (w[1] - w[0]) as usize))
+            .max()
+            .unwrap_or(0);
+        let started = std::time::Instant::now();
+        let chunks = split_rows(pieces, (per_gpu + longest).min(max_chunk_nnz()))?;
+        log::debug!(
+            "GPU: the right side cut into {} chunks for {} GPU(s) in {:?}",
+            chunks.len(),
+            ordinals.len(),
+            started.elapsed()
+        );
         if chunks.is_empty() {
             // No right rows: one empty index on the first GPU answers every probe with nothing.
             let device = device::device(ordinals[0])?;

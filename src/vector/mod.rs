@@ -15,6 +15,7 @@ use arrow::array::{Array, ArrayRef, ListArray, StructArray};
 use arrow::buffer::{NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::{DataType, Field};
 use datafusion::common::Result;
+use rayon::prelude::*;
 
 pub const INDICES: &str = "indices";
 pub const VALUES: &str = "values";
@@ -243,18 +244,39 @@ impl SparseBatch {
                 i32::MAX
             );
         }
-        let mut offsets = Vec::with_capacity(batches.iter().map(|b| b.len()).sum::<usize>() + 1);
-        offsets.push(0i32);
-        let mut indices = Vec::with_capacity(total);
-        let mut values = Vec::with_capacity(total);
-        let mut valid = Vec::new();
-        for b in batches {
+        // Copied in parallel, each batch into its own range: a GPU build concatenates the
+        // whole right side (28M entries took ~0.2 s on one thread).
+        let rows: usize = batches.iter().map(|b| b.len()).sum();
+        let mut offsets = vec![0i32; rows + 1];
+        let mut indices = vec![0i32; total];
+        let mut values = vec![0f32; total];
+        let mut jobs = Vec::with_capacity(batches.len());
+        {
+            let (mut offsets_rest, mut indices_rest, mut values_rest) =
+                (&mut offsets[1..], &mut indices[..], &mut values[..]);
+            let mut base = 0i32;
+            for b in batches {
+                let nnz = b.nnz();
+                let (o, or) = std::mem::take(&mut offsets_rest).split_at_mut(b.len());
+                let (i, ir) = std::mem::take(&mut indices_rest).split_at_mut(nnz);
+                let (v, vr) = std::mem::take(&mut values_rest).split_at_mut(nnz);
+                (offsets_rest, indices_rest, values_rest) = (or, ir, vr);
+                jobs.push((b, base, o, i, v));
+                base += nnz as i32;
+            }
+        }
+        jobs.into_par_iter().for_each(|(b, base, o, i, v)| {
             let first = b.offsets[0] as usize;
             let last = b.offsets[b.len()] as usize;
-            indices.extend_from_slice(&b.indices[first..last]);
-            values.extend_from_slice(&b.values[first..last]);
-            let base = *offsets.last().unwrap() - b.offsets[0];
-            offsets.extend(b.offsets[1..].iter().map(|o| o + base));
+            i.copy_from_slice(&b.indices[first..last]);
+            v.copy_from_slice(&b.values[first..last]);
+            let shift = base - b.offsets[0];
+            for (out, &offset) in o.iter_mut().zip(&b.offsets[1..]) {
+                *out = offset + shift;
+            }
+        });
+        let mut valid = Vec::with_capacity(rows);
+        for b in batches {
             valid.extend((0..b.len()).map(|r| !b.is_null(r)));
         }
         let nulls = NullBuffer::from(valid);
