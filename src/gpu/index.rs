@@ -238,6 +238,7 @@ impl GpuIndex {
             .map(|&(a, b)| prepare_part(right, &totals, a, b, &program, &columns, tile_rows))
             .collect();
         drop(totals);
+        let prepared = started.elapsed();
         let parts_meta_len = host_parts.len();
         let parts_meta = host_parts
             .iter()
@@ -272,9 +273,9 @@ impl GpuIndex {
         stats.peak_device_bytes = resident_bytes;
         record_process_stats(&stats);
         log::debug!(
-            "GPU index: {rows} rows, {} parts, prepared and uploaded in {:?} ({} bytes)",
+            "GPU index: {rows} rows, {} parts, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
             parts_meta_len,
-            started.elapsed(),
+            started.elapsed() - prepared,
             stats.bytes_to_device
         );
         drop(_guard);

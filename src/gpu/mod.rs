@@ -43,9 +43,10 @@ pub fn is_available() -> bool {
     device::device(0).is_ok()
 }
 
-/// Whether the driver lists at least one device (without opening a context on it).
-pub fn has_devices() -> bool {
-    device::device_count().is_ok()
+/// Whether a CUDA driver library can be loaded (without initialising it).
+pub fn has_driver() -> bool {
+    // SAFETY: only tries to dlopen the candidate library names.
+    unsafe { cudarc::driver::sys::is_culib_present() }
 }
 
 /// Why `device=auto` does not run on the GPU (no driver, no device, no NVRTC to compile the
@@ -206,35 +207,49 @@ impl GpuBackend {
     /// so that the contexts and NVRTC (a fixed 0.3-1 s per process) overlap the read. Errors are
     /// left for the build, which meets them again and reports them.
     pub fn warm_up(&self, metric: &Metric) {
-        let Ok(ordinals) = self.ordinals() else {
-            return;
-        };
         let program = crate::with_semiring!(metric, s => kernels::MetricProgram::of(&s));
-        let program = Arc::new(program);
-        for ordinal in ordinals {
-            let program = Arc::clone(&program);
-            let spawned = std::thread::Builder::new()
-                .name(format!("sparse-knn-gpu{ordinal}-warm-up"))
-                .spawn(move || {
-                    let started = std::time::Instant::now();
-                    match device::device(ordinal).and_then(|d| d.load(&program)) {
-                        Ok(()) => log::debug!(
-                            "GPU {ordinal}: context and {} kernels ready in {:?}",
-                            program.name,
-                            started.elapsed()
-                        ),
-                        Err(e) => log::debug!("GPU {ordinal}: warm-up failed: {e}"),
+        let backend = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sparse-knn-gpu-warm-up".into())
+            .spawn(move || {
+                let started = std::time::Instant::now();
+                // The driver's initialisation (cuInit) is the first and longest step.
+                let ordinals = match backend.ordinals() {
+                    Ok(o) => o,
+                    Err(e) => return log::debug!("GPU warm-up: {e}"),
+                };
+                log::debug!("GPU: driver ready in {:?}", started.elapsed());
+                std::thread::scope(|scope| {
+                    for ordinal in ordinals {
+                        let program = &program;
+                        scope.spawn(move || {
+                            match device::device(ordinal).and_then(|d| d.load(program)) {
+                                Ok(()) => log::debug!(
+                                    "GPU {ordinal}: context and {} kernels ready after {:?}",
+                                    program.name,
+                                    started.elapsed()
+                                ),
+                                Err(e) => log::debug!("GPU {ordinal}: warm-up failed: {e}"),
+                            }
+                        });
                     }
                 });
-            if let Err(e) = spawned {
-                log::debug!("GPU {ordinal}: no warm-up thread: {e}");
-            }
+            });
+        if let Err(e) = spawned {
+            log::debug!("GPU: no warm-up thread: {e}");
         }
     }
 
     /// The GPUs to use: those of the `gpus` option, or every visible one.
     pub fn ordinals(&self) -> Result<Vec<usize>> {
-        let count = device::device_count()?;
+        // Planning only checked that a driver loads (see `resolve_device`).
+        let count = device::device_count().map_err(|e| {
+            exec_datafusion_err!(
+                "device=gpu but no CUDA GPU can be used: {}; use device=cpu, or device=auto to \
+                 fall back to the CPU",
+                e.strip_backtrace()
+            )
+        })?;
         match &self.options.gpus {
             Some(list) => {
                 if let Some(&bad) = list.iter().find(|&&g| g >= count) {
