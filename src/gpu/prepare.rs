@@ -200,18 +200,50 @@ pub(crate) fn prepare_part(
             counts
         })
         .collect();
-    let mut col_start = vec![0u32; ncols + 1];
-    let mut chunk_offsets = vec![vec![0u32; ncols]; nchunks];
+    // Column starts, then each (chunk, column)'s first slot, in parallel over blocks of
+    // columns: a loop over every column and chunk on one thread was a third of the build
+    // (194K columns x 64 chunks at the movielens shape), and as long for a GPU's half of the
+    // rows as for all of them.
+    const COLUMN_BLOCK: usize = 4096;
+    let col_totals: Vec<u32> = (0..ncols)
+        .into_par_iter()
+        .with_min_len(COLUMN_BLOCK)
+        .map(|c| chunk_counts.iter().map(|counts| counts[c]).sum())
+        .collect();
+    let mut col_start = Vec::with_capacity(ncols + 1);
     let mut running = 0u32;
-    for c in 0..ncols {
-        col_start[c] = running;
-        for ch in 0..nchunks {
-            chunk_offsets[ch][c] = running;
-            running += chunk_counts[ch][c];
-        }
+    for &total in &col_totals {
+        col_start.push(running);
+        running += total;
     }
-    col_start[ncols] = running;
+    col_start.push(running);
     let nnz = running as usize;
+    let mut chunk_offsets = vec![vec![0u32; ncols]; nchunks];
+    {
+        // Per block of columns, every chunk's slice of those columns.
+        let mut blocks: Vec<Vec<&mut [u32]>> = (0..ncols.div_ceil(COLUMN_BLOCK))
+            .map(|_| Vec::with_capacity(nchunks))
+            .collect();
+        for offsets in chunk_offsets.iter_mut() {
+            for (b, slice) in offsets.chunks_mut(COLUMN_BLOCK).enumerate() {
+                blocks[b].push(slice);
+            }
+        }
+        blocks
+            .into_par_iter()
+            .enumerate()
+            .for_each(|(b, mut per_chunk)| {
+                let c0 = b * COLUMN_BLOCK;
+                let mut next: Vec<u32> = col_start[c0..(c0 + COLUMN_BLOCK).min(ncols)].to_vec();
+                for (ch, offsets) in per_chunk.iter_mut().enumerate() {
+                    let counts = &chunk_counts[ch][c0..c0 + offsets.len()];
+                    for ((slot, n), &count) in offsets.iter_mut().zip(next.iter_mut()).zip(counts) {
+                        *slot = *n;
+                        *n += count;
+                    }
+                }
+            });
+    }
     part.col_rows = vec![0; nnz];
     part.col_vals = vec![0.0; nnz];
     {
@@ -320,4 +352,69 @@ pub(crate) fn union_left_rows(
         ch_off.push(ch_col.len() as i32);
     }
     (ch_off, ch_col, ch_val)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metric::{Metric, MetricKind, Semiring};
+
+    /// The parallel CSC (counts, column starts per chunk, fill) against the plain one: every
+    /// column's entries in row order, and each tile's split point.
+    #[test]
+    fn the_inverted_index_equals_a_plain_transpose() {
+        let ncols = 10_000usize; // more than one block of columns
+        let mut state = 12345u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as usize
+        };
+        let rows: Vec<Vec<(i32, f32)>> = (0..3_000)
+            .map(|_| {
+                let mut cols: Vec<i32> =
+                    (0..next() % 40).map(|_| (next() % ncols) as i32).collect();
+                cols.sort_unstable();
+                cols.dedup();
+                // Some stored zeros, which the index leaves out.
+                cols.into_iter().map(|c| (c, (next() % 5) as f32)).collect()
+            })
+            .collect();
+        let right = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        let metric = Metric::from_kind(MetricKind::Cosine, None, None).unwrap();
+        let tile_rows = 256;
+        let part = crate::with_semiring!(metric, s => {
+            let totals: Vec<RowTotals> = (0..right.len())
+                .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
+                .collect();
+            let program = MetricProgram::of(&s);
+            prepare_part(&right, &totals, 0, right.len(), &program, &ColumnMap::Direct(ncols), tile_rows)
+        });
+        let mut columns: Vec<Vec<(u32, f32)>> = vec![Vec::new(); ncols];
+        for (r, row) in rows.iter().enumerate() {
+            for &(c, v) in row {
+                if v != 0.0 {
+                    columns[c as usize].push((r as u32, v));
+                }
+            }
+        }
+        let ntiles = part.ntiles;
+        assert_eq!(ntiles, rows.len().div_ceil(tile_rows));
+        for (c, want) in columns.iter().enumerate() {
+            let tp = &part.tile_ptr[c * (ntiles + 1)..(c + 1) * (ntiles + 1)];
+            let (s, e) = (tp[0] as usize, tp[ntiles] as usize);
+            let got: Vec<(u32, f32)> = (s..e)
+                .map(|i| (part.col_rows[i], part.col_vals[i]))
+                .collect();
+            assert_eq!(&got, want, "column {c}");
+            for t in 0..ntiles {
+                let inside = &part.col_rows[tp[t] as usize..tp[t + 1] as usize];
+                assert!(
+                    inside.iter().all(|&r| r as usize / tile_rows == t),
+                    "column {c}, tile {t}"
+                );
+            }
+        }
+    }
 }
