@@ -745,6 +745,9 @@ fn table_functions() -> Vec<TableFunction> {
 
 #[pymodule]
 fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // The joins' inputs may be datafusion-python's scans, which must be polled where
+    // datafusion-python polls the join, not on our runtime's threads (see `ResolvedAtScan`).
+    datafusion_sparse_knn::planner::poll_inputs_in_place();
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<Source>()?;
     m.add_class::<ArrowStream>()?;

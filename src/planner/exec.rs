@@ -4,7 +4,7 @@
 //! One struct serves both functions; it names itself `KnnJoinExec` or `RadiusJoinExec`.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -52,6 +52,22 @@ const PAIRS_PER_PROBE: usize = 1 << 21;
 
 /// Left rows one probe takes at most (see `execute`).
 const PROBE_ROWS: usize = 1 << 16;
+
+/// Whether the operator may poll its inputs on tasks of its own (see [`poll_inputs_in_place`]).
+static INPUTS_ON_OWN_TASKS: AtomicBool = AtomicBool::new(true);
+
+fn inputs_on_own_tasks() -> bool {
+    INPUTS_ON_OWN_TASKS.load(Ordering::Relaxed)
+}
+
+/// From now on, joins of this process poll their inputs only from the task that polls the join
+/// (one partition after another within it), never from tasks they spawn. For hosts whose input
+/// plans belong to another build of tokio: datafusion-python's scans, reached through
+/// datafusion-ffi, abort the process when polled on this crate's runtime threads. Costs the
+/// parallel read of the right side and the left side's read-ahead.
+pub fn poll_inputs_in_place() {
+    INPUTS_ON_OWN_TASKS.store(false, Ordering::Relaxed);
+}
 
 /// Left batches read ahead of the probes, per output partition (see `execute`).
 const LEFT_READ_AHEAD: usize = 4;
@@ -393,25 +409,26 @@ impl ExecutionPlan for SparseJoinExec {
         // scans of one input need not give the same row order (a folder's files are listed
         // concurrently), and positions are what identify a row.
         let reuse_right = self.reads_input_once();
-        let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> = if reuse_right {
-            left_stream.boxed()
-        } else {
-            // The first left batches are read while the right side is built, so that the
-            // first probe does not start with a read (~0.1 s at the movielens shape).
-            let mut ahead =
-                RecordBatchReceiverStreamBuilder::new(self.left.schema(), LEFT_READ_AHEAD);
-            let tx = ahead.tx();
-            let mut input = left_stream;
-            ahead.spawn(async move {
-                while let Some(batch) = input.next().await {
-                    if tx.send(batch).await.is_err() {
-                        break;
+        let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
+            if reuse_right || !inputs_on_own_tasks() {
+                left_stream.boxed()
+            } else {
+                // The first left batches are read while the right side is built, so that the
+                // first probe does not start with a read (~0.1 s at the movielens shape).
+                let mut ahead =
+                    RecordBatchReceiverStreamBuilder::new(self.left.schema(), LEFT_READ_AHEAD);
+                let tx = ahead.tx();
+                let mut input = left_stream;
+                ahead.spawn(async move {
+                    while let Some(batch) = input.next().await {
+                        if tx.send(batch).await.is_err() {
+                            break;
+                        }
                     }
-                }
-                Ok(())
-            });
-            ahead.build().boxed()
-        };
+                    Ok(())
+                });
+                ahead.build().boxed()
+            };
 
         let left_key = match &self.spec.options.exclude_self {
             ExcludeSelf::Column(c) => Some(key_column(&self.left.schema(), c, "left")?),
@@ -685,13 +702,13 @@ impl BuildJob {
         // this one task, a file scan decodes one partition at a time. Partitions stay in
         // partition order: that order is the right side's row order, which breaks ties and
         // defines exclude_self's row positions.
-        let reading: Vec<SpawnedTask<Result<ReadPartition>>> = (0..partitions)
+        let reading: Vec<BoxFuture<'static, Result<ReadPartition>>> = (0..partitions)
             .map(|p| {
                 let stream = self.right.execute(p, Arc::clone(&self.context));
                 let reservation = Arc::clone(&reservation);
                 let check = self.spec.vector_check(&vector_name);
                 let vector = self.layout.right_vector;
-                SpawnedTask::spawn(async move {
+                async move {
                     let mut stream = stream?;
                     let mut read = ReadPartition::default();
                     let mut converting = Vec::new();
@@ -726,17 +743,33 @@ impl BuildJob {
                         );
                     }
                     Ok(read)
-                })
+                }
+                .boxed()
             })
             .collect();
         let mut batches: Vec<RecordBatch> = Vec::new();
         let mut converted: Vec<Option<Vec<SparseBatch>>> = Vec::new();
-        for task in reading {
-            let read = task
-                .join()
+        let partitions_read: Vec<Result<ReadPartition>> = if inputs_on_own_tasks() {
+            let tasks: Vec<_> = reading.into_iter().map(SpawnedTask::spawn).collect();
+            let mut read = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                read.push(
+                    task.join()
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                );
+            }
+            read
+        } else {
+            futures::future::try_join_all(reading)
                 .await
-                .map_err(|e| DataFusionError::External(Box::new(e)))?
-                .map_err(|e| self.resource_hint(e))?;
+                .map_err(|e| self.resource_hint(e))?
+                .into_iter()
+                .map(Ok)
+                .collect()
+        };
+        for read in partitions_read {
+            let read = read.map_err(|e| self.resource_hint(e))?;
             batches.extend(read.batches);
             converted.extend(read.pieces);
         }

@@ -34,7 +34,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
-pub use exec::SparseJoinExec;
+pub use exec::{poll_inputs_in_place, SparseJoinExec};
 pub use logical::SparseJoinNode;
 pub use shard::{
     gather, plan_sharded, GatherExec, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec,
