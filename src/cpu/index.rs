@@ -174,7 +174,7 @@ impl CpuIndex {
             row_vals: Vec::new(),
             row_entries: Vec::new(),
             union_sum: !max_reduction && s.has_exact_term(),
-            max_row_len: (0..rows).map(|r| right.row_len(r)).max().unwrap_or(0),
+            max_row_len: right.max_row_len(),
         };
         // A max reduction needs every column as postings: it tracks per right row which left
         // columns it holds, which a dense pass would do no faster.

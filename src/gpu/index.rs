@@ -289,7 +289,7 @@ impl GpuIndex {
             parts_meta,
             tile_rows,
             budget,
-            max_row_len: (0..rows).map(|r| right.row_len(r)).max().unwrap_or(0) as i32,
+            max_row_len: right.max_row_len() as i32,
             exact: certified.then(|| ExactDistance::new(*s, right)),
             inner: Mutex::new(Inner {
                 resident,

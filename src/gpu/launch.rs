@@ -70,7 +70,7 @@ impl PartLaunch<'_> {
         let (device, program, held) = (self.device, self.program, self.held);
         // Longest rows first: blocks start roughly in grid order, so a launch no longer ends on
         // a few long rows started last with the rest of the device idle (power-law rows:
-        // launches of 8,192 rows ran ~20% slower per row than launches of 60K).
+        // movielens kernels in 8,192-row launches 2.35 -> 1.91 s on an H200).
         let mut work: Vec<i32> = (r0..r1)
             .filter(|&r| !left.is_null(r))
             .map(|r| (r - r0) as i32)

@@ -120,7 +120,7 @@ impl Backend for GpuBackend {
         // made a chunk of their own (a 1-row shard, probed and merged on every probe).
         let longest = pieces
             .iter()
-            .flat_map(|p| p.offsets().windows(2).map(|w| (w[1] - w[0]) as usize))
+            .map(SparseBatch::max_row_len)
             .max()
             .unwrap_or(0);
         let started = std::time::Instant::now();
@@ -204,7 +204,8 @@ impl Backend for GpuBackend {
 impl GpuBackend {
     /// Opens each GPU of this backend and compiles and loads `metric`'s kernels on it, on
     /// threads of their own, and returns at once: a join calls it before reading its right side,
-    /// so that the contexts and NVRTC (a fixed 0.3-1 s per process) overlap the read. Errors are
+    /// so that the driver's start, the contexts and NVRTC (0.3-0.6 s per process on the H200s
+    /// measured) overlap the read. Errors are
     /// left for the build, which meets them again and reports them.
     pub fn warm_up(&self, metric: &Metric) {
         let program = crate::with_semiring!(metric, s => kernels::MetricProgram::of(&s));

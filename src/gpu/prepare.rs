@@ -356,6 +356,9 @@ pub(crate) fn union_left_rows(
 
 #[cfg(test)]
 mod tests {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
     use super::*;
     use crate::metric::{Metric, MetricKind, Semiring};
 
@@ -364,21 +367,18 @@ mod tests {
     #[test]
     fn the_inverted_index_equals_a_plain_transpose() {
         let ncols = 10_000usize; // more than one block of columns
-        let mut state = 12345u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as usize
-        };
+        let mut rng = StdRng::seed_from_u64(12345);
         let rows: Vec<Vec<(i32, f32)>> = (0..3_000)
             .map(|_| {
-                let mut cols: Vec<i32> =
-                    (0..next() % 40).map(|_| (next() % ncols) as i32).collect();
+                let mut cols: Vec<i32> = (0..rng.random_range(0..40))
+                    .map(|_| rng.random_range(0..ncols as i32))
+                    .collect();
                 cols.sort_unstable();
                 cols.dedup();
                 // Some stored zeros, which the index leaves out.
-                cols.into_iter().map(|c| (c, (next() % 5) as f32)).collect()
+                cols.into_iter()
+                    .map(|c| (c, rng.random_range(0..5) as f32))
+                    .collect()
             })
             .collect();
         let right = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));

@@ -176,6 +176,11 @@ impl SparseBatch {
     }
 
     /// Largest index + 1 over all rows (0 for a batch with no entries).
+    /// Stored entries of the longest row (0 for no rows).
+    pub fn max_row_len(&self) -> usize {
+        (0..self.len()).map(|r| self.row_len(r)).max().unwrap_or(0)
+    }
+
     pub fn max_dim(&self) -> usize {
         let first = self.offsets[0] as usize;
         let last = self.offsets[self.len()] as usize;
