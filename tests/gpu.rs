@@ -526,3 +526,96 @@ fn a_cancelled_probe_stops_between_launches() {
     );
     eprintln!("cancelled after {probed} of {} left rows", left.len());
 }
+
+/// Every visible GPU through the backend's own build: the right side (given in three pieces)
+/// whole on each GPU, and, under a memory limit that keeps it from staying on one, sharded over
+/// them; both agree with the CPU, and each GPU's kernel time is reported. On a one-GPU machine
+/// both run on that GPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
+    use datafusion_sparse_knn::gpu::GpuBackend;
+    use datafusion_sparse_knn::join::Backend;
+    if !gpu_or_skip() {
+        return;
+    }
+    let gpus = GpuBackend::default().ordinals().unwrap().len();
+    let mut rng = StdRng::seed_from_u64(21);
+    let right_rows = random_rows(&mut rng, 4000, DIM, 200, &[]);
+    let left_rows: Vec<_> = right_rows.iter().skip(500).take(1500).cloned().collect();
+    let right = batch(&right_rows);
+    let left = batch(&left_rows);
+    let pieces = vec![right.slice(0, 1000), right.slice(1000, 2500), right.slice(3500, 500)];
+    for kind in [
+        MetricKind::Cosine,
+        MetricKind::Manhattan,
+        MetricKind::Chebyshev,
+        MetricKind::JensenShannon,
+    ] {
+        let m = metric(kind, DIM);
+        let cpu_index = CpuIndex::build(&right, &m);
+        for memory_limit in [None, Some(250_000)] {
+            let backend = GpuBackend {
+                options: GpuOptions {
+                    memory_limit,
+                    ..GpuOptions::default()
+                },
+            };
+            let index = backend.build_pieces(pieces.clone(), &m).unwrap();
+            let po = ProbeOptions {
+                exclude_self_from: Some(500),
+            };
+            let sel = Selection::Nearest(6);
+            let c = cpu::probe(&cpu_index, &left, sel, po);
+            let g = index.probe(&left, sel, po).unwrap();
+            let label = format!("{kind} on {gpus} GPU(s), memory_limit={memory_limit:?}");
+            compare(&label, &m, &left, &right, &c, &g.pairs);
+            let mut used: Vec<usize> = g.gpu_times.iter().map(|(o, _)| *o).collect();
+            used.sort_unstable();
+            assert_eq!(used, (0..gpus).collect::<Vec<_>>(), "{label}");
+            // Whole on each GPU: one index a GPU; sharded: the right side cut over the GPUs.
+            if gpus > 1 && memory_limit.is_some() {
+                assert!(index.shards() >= gpus, "{label}: {} shards", index.shards());
+            } else {
+                assert_eq!(index.shards(), 1, "{label}");
+            }
+        }
+    }
+}
+
+/// The right side whole on each of several GPUs, with the one GPU of a small machine named
+/// several times: prepared once, uploaded to each, a probe's left rows split between them; the
+/// pairs are those of one index, and every replica worked.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn replicas_split_the_left_rows_and_match_one_index() {
+    use datafusion_sparse_knn::gpu::GpuBackend;
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(22);
+    let right = batch(&random_rows(&mut rng, 3000, DIM, 300, &[]));
+    let left = right.slice(100, 1700);
+    for kind in [MetricKind::Cosine, MetricKind::Hellinger, MetricKind::Minkowski] {
+        let m = metric(kind, DIM);
+        let single = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
+        let replicated = GpuBackend::default()
+            .replicated_for_tests(&[0, 0, 0], &right, &m)
+            .unwrap();
+        // Each replica uploads what one index does (read before any probe adds to it).
+        assert_eq!(
+            replicated.build_bytes_to_device(),
+            3 * single.stats().bytes_to_device
+        );
+        for sel in [Selection::Nearest(7), Selection::Nearest(1500)] {
+            let po = ProbeOptions {
+                exclude_self_from: Some(100),
+            };
+            let want = single.probe(&left, sel, po).unwrap();
+            let got = replicated.probe(&left, sel, po).unwrap();
+            compare(&format!("{kind} {sel:?} replicated"), &m, &left, &right, &want, &got.pairs);
+            assert_eq!(got.pairs.len(), want.len(), "{kind} {sel:?}");
+            assert!(got.bytes_to_device > 0);
+        }
+    }
+}

@@ -40,7 +40,7 @@ pub async fn run(args: GenerateArgs) -> CliResult<()> {
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let mut writer = ArrowWriter::try_new(file, Generator::schema(), Some(writer_properties()))?;
+    let mut writer = ArrowWriter::try_new(file, Generator::schema(), Some(generated_properties()))?;
     let mut nnz = 0u64;
     // Generation is CPU-bound and runs on rayon; the async runtime has nothing else to do here.
     for batch in generator.batches() {
@@ -60,6 +60,16 @@ pub async fn run(args: GenerateArgs) -> CliResult<()> {
         args.output.display()
     );
     Ok(())
+}
+
+/// Row groups of 16K rows: a scan reads a file's row groups in parallel and no faster, so a
+/// paper-size file (66K to 1M rows) is read by as many cores as a GPU machine has (the 64K-row
+/// groups of other outputs left a 283K-row right side to 5 threads: 0.28 s of a 2.8 s join).
+fn generated_properties() -> parquet::file::properties::WriterProperties {
+    writer_properties()
+        .into_builder()
+        .set_max_row_group_row_count(Some(16 * 1024))
+        .build()
 }
 
 /// Stored entries of the `vec` column of a generated batch.

@@ -11,9 +11,10 @@ use datafusion::execution::context::SessionContext;
 use futures::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::{ObjectStore, ObjectStoreExt};
-use parquet::arrow::{ArrowWriter, AsyncArrowWriter};
+use parquet::arrow::AsyncArrowWriter;
 use url::Url;
 
+use super::parquet_out::ParallelParquetWriter;
 use super::{
     parquet_rows, progress_bar, register_location, table_rows, writer_properties, CliError,
     CliResult, Location, OutputFile,
@@ -150,7 +151,9 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     .await;
     let pairs = match written {
         Ok(pairs) => {
+            log::debug!("knn: the last pairs are written");
             output.commit().await?;
+            log::debug!("knn: the output is committed");
             pairs
         }
         Err(e) => {
@@ -183,7 +186,7 @@ enum Output {
     Local {
         output: OutputFile,
         file: Option<File>,
-        writer: Option<ArrowWriter<File>>,
+        writer: Option<ParallelParquetWriter<File>>,
     },
     Remote {
         url: Url,
@@ -237,10 +240,10 @@ impl Output {
                 let file = file
                     .take()
                     .ok_or_else(|| CliError("output started twice".into()))?;
-                *writer = Some(ArrowWriter::try_new(
+                *writer = Some(ParallelParquetWriter::try_new(
                     file,
                     schema,
-                    Some(writer_properties()),
+                    writer_properties(),
                 )?);
             }
             Output::Remote {

@@ -11,7 +11,8 @@ use std::collections::HashMap;
 
 use crate::join::{Cancel, PairList, ProbeOptions, Selection};
 use crate::metric::{
-    sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring,
+    one_sided_sum, sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals,
+    Semiring, Side,
 };
 use crate::vector::SparseBatch;
 
@@ -103,6 +104,9 @@ pub struct CpuIndex {
     /// `metric::sorted_nonzeros` gives them, so `metric::union_distance` computes every candidate
     /// in one order whatever the index holds (the GPU's exact step uses the same function).
     pub(crate) row_entries: Vec<(i32, f32)>,
+    /// For a sum: each row's `metric::one_sided_sum` (its part of the distance to a row it
+    /// shares no column with).
+    pub(crate) one_sided: Vec<f64>,
     /// A sum with an exact union term (minkowski): probed by `certified`.
     pub(crate) union_sum: bool,
     /// The most nonzeros of one right row (bounds the rounding error of `certified`).
@@ -173,6 +177,7 @@ impl CpuIndex {
             row_cols: Vec::new(),
             row_vals: Vec::new(),
             row_entries: Vec::new(),
+            one_sided: Vec::new(),
             union_sum: !max_reduction && s.has_exact_term(),
             max_row_len: right.max_row_len(),
         };
@@ -192,6 +197,9 @@ impl CpuIndex {
             index.build_rows_by_magnitude(right, nnz);
         } else if index.union_sum {
             index.build_row_entries(right, nnz);
+            index.one_sided = (0..rows)
+                .map(|r| one_sided_sum(s, index.right_entries(r), Side::Right))
+                .collect();
         }
         index
     }
@@ -253,6 +261,11 @@ impl CpuIndex {
         self.col_ptr = counts;
     }
 
+    /// Right row `j`'s entries in `row_entries`.
+    pub(crate) fn right_entries(&self, j: usize) -> &[(i32, f32)] {
+        &self.row_entries[self.row_ptr[j]..self.row_ptr[j + 1]]
+    }
+
     /// `row_entries`: each right row as `metric::sorted_nonzeros` gives it.
     fn build_row_entries(&mut self, right: &SparseBatch, nnz: usize) {
         self.row_ptr = Vec::with_capacity(self.rows + 1);
@@ -308,7 +321,8 @@ impl CpuIndex {
                 + self.dense_vals.len()
                 + self.row_cols.len()
                 + self.row_vals.len()
-                + self.row_entries.len() * 2)
+                + self.row_entries.len() * 2
+                + self.one_sided.len() * 2)
                 * 4
             + match &self.columns {
                 ColumnMap::Direct(_) => 0,

@@ -21,7 +21,10 @@ use super::memory::upload;
 use super::prepare::{estimate_bytes, prepare_part, upload_part, ColumnMap, DevPart, HostPart};
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
-use crate::metric::{sorted_nonzeros, union_distance, RowTotals, Semiring};
+use crate::metric::{
+    disjoint_distance, one_sided_sum, share_a_column, sorted_nonzeros, union_distance, RowTotals,
+    Semiring, Side,
+};
 use crate::vector::SparseBatch;
 
 /// The largest k selected inside the kernels (the candidates live in shared memory); a larger k
@@ -58,7 +61,8 @@ pub struct GpuIndex {
     /// The most nonzeros of one right row (in the certified bounds).
     max_row_len: i32,
     /// Certified metrics: the exact distance of a pair (left row, right row) over the union.
-    exact: Option<ExactDistance>,
+    /// Shared by the replicas of one right side on several GPUs.
+    exact: Option<Arc<ExactDistance>>,
     inner: Mutex<Inner>,
 }
 
@@ -67,10 +71,16 @@ pub struct GpuIndex {
 struct ExactDistance {
     ptr: Vec<usize>,
     entries: Vec<(i32, f32)>,
-    distance: ExactFn,
+    /// Each right row's `metric::one_sided_sum`.
+    one_sided: Vec<f64>,
+    walk: ExactFn,
+    left_one_sided: OneSidedFn,
+    disjoint: DisjointFn,
 }
 
 type ExactFn = Box<dyn Fn(&[(i32, f32)], &[(i32, f32)]) -> f64 + Send + Sync>;
+type OneSidedFn = Box<dyn Fn(&[(i32, f32)]) -> f64 + Send + Sync>;
+type DisjointFn = Box<dyn Fn(f64, f64) -> f64 + Send + Sync>;
 
 impl ExactDistance {
     fn new<S: Semiring>(s: S, right: &SparseBatch) -> Self {
@@ -81,10 +91,17 @@ impl ExactDistance {
             entries.extend(sorted_nonzeros(right.row(r)));
             ptr.push(entries.len());
         }
+        let one_sided = (0..right.len())
+            .into_par_iter()
+            .map(|j| one_sided_sum(&s, &entries[ptr[j]..ptr[j + 1]], Side::Right))
+            .collect();
         Self {
             ptr,
             entries,
-            distance: Box::new(move |a, b| union_distance(&s, a, b)),
+            one_sided,
+            walk: Box::new(move |a, b| union_distance(&s, a, b)),
+            left_one_sided: Box::new(move |a| one_sided_sum(&s, a, Side::Left)),
+            disjoint: Box::new(move |l, r| disjoint_distance(&s, l, r)),
         }
     }
 
@@ -92,8 +109,19 @@ impl ExactDistance {
         &self.entries[self.ptr[j]..self.ptr[j + 1]]
     }
 
+    /// Left row `x` (sorted nonzeros, with its `one_sided_sum`) against right row `j`: a walk
+    /// with the exact term where they share a column, else from the rows' one-sided sums.
+    fn distance(&self, x: &[(i32, f32)], x_one_sided: f64, j: usize) -> f64 {
+        let y = self.right_row(j);
+        if share_a_column(x, y) {
+            (self.walk)(x, y)
+        } else {
+            (self.disjoint)(x_one_sided, self.one_sided[j])
+        }
+    }
+
     fn memory_size(&self) -> usize {
-        self.ptr.len() * 8 + self.entries.len() * 8
+        self.ptr.len() * 8 + self.entries.len() * 8 + self.one_sided.len() * 8
     }
 }
 
@@ -124,37 +152,21 @@ impl std::fmt::Debug for GpuIndex {
     }
 }
 
-impl GpuIndex {
-    pub(crate) fn build_on<S: Semiring>(
-        device: Arc<Device>,
-        right: &SparseBatch,
-        s: &S,
-        options: &GpuOptions,
-    ) -> Result<Self> {
+/// What a build settles before it prepares anything: the kernels, the column ids, the tile
+/// height and the parts (row ranges) of the right side.
+#[derive(Clone)]
+struct Layout {
+    program: MetricProgram,
+    columns: ColumnMap,
+    tile_rows: usize,
+    budget: u64,
+    ranges: Vec<(usize, usize)>,
+}
+
+impl Layout {
+    fn of<S: Semiring>(device: &Device, right: &SparseBatch, s: &S, budget: u64) -> Self {
         let program = MetricProgram::of(s);
         let rows = right.len();
-        // The kernels count right rows in `int` (and pack them in 32 bits of a key) and address
-        // the inverted index with u32 positions.
-        if rows > i32::MAX as usize || right.nnz() > u32::MAX as usize {
-            return exec_err!(
-                "GPU: the right side is too large ({rows} rows, {} entries; the kernels take at \
-                 most {} rows and {} entries); use device=cpu",
-                right.nnz(),
-                i32::MAX,
-                u32::MAX
-            );
-        }
-        // Builds on one device take turns from here to the upload, so each one's budget is read
-        // after the indexes built before it hold their memory: the driver's free memory is the
-        // process's one ledger (probes take turns too, so their scratch never overlaps).
-        let build_turn = device
-            .lock
-            .lock()
-            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        let (free, _) = device.memory()?;
-        // Leave room for the context and other users of the device when no limit is given.
-        let budget = options.memory_limit.unwrap_or(free / 10 * 8);
-
         // Column ids: the indices themselves when the index space is not much larger than the
         // data, else the sorted distinct indices (found by binary search on the device).
         let nnz_nonzero = right.values().par_iter().filter(|v| **v != 0.0).count();
@@ -172,27 +184,7 @@ impl GpuIndex {
             ids.dedup();
             ColumnMap::Sorted(ids)
         };
-
-        let tile_rows = if program.union_form {
-            0
-        } else {
-            // Four blocks per SM: measured on an H200 (full self-joins, k=10), a quarter of the
-            // SM's shared memory per block (8,448 float rows per tile) beat half of it (23,232
-            // rows) by 1.5x on scrna and 1.25x on movielens: more warps in flight hide the
-            // latency of the inverted lists and the shared-memory atomics.
-            let per_block = (device.smem_optin as usize)
-                .min((device.smem_per_sm as usize / 4).saturating_sub(1024));
-            let avail = per_block.saturating_sub(folded_fixed_smem(MAX_DEVICE_K) + 256);
-            let mut t = (avail / program.acc_bytes()) / 32 * 32;
-            if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS")
-                .ok()
-                .and_then(|s| s.parse::<usize>().ok())
-            {
-                // Testing knob: small tiles exercise the tile boundaries on small inputs.
-                t = t.min(forced.max(32) / 32 * 32);
-            }
-            t.max(32)
-        };
+        let tile_rows = tile_rows(device, &program);
 
         // Parts: one when the prepared right side fits in 60% of the budget (the rest is for
         // probes); otherwise parts of at most 30% each, streamed per probe.
@@ -224,73 +216,298 @@ impl GpuIndex {
             ranges.push((start, end));
             start = end;
         }
-        let started = std::time::Instant::now();
-        let totals: Vec<RowTotals> = if program.union_form {
+        Layout {
+            program,
+            columns,
+            tile_rows,
+            budget,
+            ranges,
+        }
+    }
+
+    /// The parts as the kernels read them, on the host.
+    fn prepare<S: Semiring>(&self, right: &SparseBatch, s: &S) -> Vec<HostPart> {
+        let totals: Vec<RowTotals> = if self.program.union_form {
             Vec::new()
         } else {
-            (0..rows)
+            (0..right.len())
                 .into_par_iter()
                 .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
                 .collect()
         };
-        let host_parts: Vec<HostPart> = ranges
+        self.ranges
             .par_iter()
-            .map(|&(a, b)| prepare_part(right, &totals, a, b, &program, &columns, tile_rows))
-            .collect();
-        drop(totals);
+            .map(|&(a, b)| {
+                prepare_part(
+                    right,
+                    &totals,
+                    a,
+                    b,
+                    &self.program,
+                    &self.columns,
+                    self.tile_rows,
+                )
+            })
+            .collect()
+    }
+}
+
+/// Right rows per tile of the folded kernels on `device` (0 for the union form).
+fn tile_rows(device: &Device, program: &MetricProgram) -> usize {
+    if program.union_form {
+        return 0;
+    }
+    // Four blocks per SM: measured on an H200 (full self-joins, k=10), a quarter of the
+    // SM's shared memory per block (8,448 float rows per tile) beat half of it (23,232
+    // rows) by 1.5x on scrna and 1.25x on movielens: more warps in flight hide the
+    // latency of the inverted lists and the shared-memory atomics.
+    let per_block =
+        (device.smem_optin as usize).min((device.smem_per_sm as usize / 4).saturating_sub(1024));
+    let avail = per_block.saturating_sub(folded_fixed_smem(MAX_DEVICE_K) + 256);
+    let mut t = (avail / program.acc_bytes()) / 32 * 32;
+    if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+    {
+        // Testing knob: small tiles exercise the tile boundaries on small inputs.
+        t = t.min(forced.max(32) / 32 * 32);
+    }
+    t.max(32)
+}
+
+/// The kernels count right rows in `int` (and pack them in 32 bits of a key) and address the
+/// inverted index with u32 positions.
+fn check_size(right: &SparseBatch) -> Result<()> {
+    if right.len() > i32::MAX as usize || right.nnz() > u32::MAX as usize {
+        return exec_err!(
+            "GPU: the right side is too large ({} rows, {} entries; the kernels take at \
+             most {} rows and {} entries); use device=cpu",
+            right.len(),
+            right.nnz(),
+            i32::MAX,
+            u32::MAX
+        );
+    }
+    Ok(())
+}
+
+fn lock_device(device: &Device) -> Result<std::sync::MutexGuard<'_, ()>> {
+    device
+        .lock
+        .lock()
+        .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))
+}
+
+/// The resident parts, the host parts kept for streaming, the column ids on the device and the
+/// resident bytes.
+type Uploaded = (
+    Option<Vec<DevPart>>,
+    Option<Vec<HostPart>>,
+    Option<CudaSlice<i32>>,
+    u64,
+);
+
+/// Uploads the prepared right side to `device`: the column ids and, when there is one part,
+/// the part itself (several parts stay on the host and are streamed per probe).
+fn upload_layout(
+    device: &Device,
+    columns: &ColumnMap,
+    host_parts: HostParts<'_>,
+    stats: &mut GpuStats,
+) -> Result<Uploaded> {
+    device
+        .ctx
+        .bind_to_thread()
+        .map_err(cuda_err("binding the CUDA context"))?;
+    let col_ids = match columns {
+        ColumnMap::Sorted(ids) => Some(upload(device, ids, stats)?),
+        ColumnMap::Direct(_) => None,
+    };
+    let col_bytes = match columns {
+        ColumnMap::Sorted(ids) => ids.len() as u64 * 4,
+        ColumnMap::Direct(_) => 0,
+    };
+    let uploaded = match host_parts {
+        HostParts::Shared(part) => {
+            let dev = upload_part(device, part, stats)?;
+            let bytes = dev.bytes;
+            (Some(vec![dev]), None, col_ids, bytes + col_bytes)
+        }
+        HostParts::Owned(mut parts) if parts.len() == 1 => {
+            let part = parts.pop().expect("one part");
+            let dev = upload_part(device, &part, stats)?;
+            let bytes = dev.bytes;
+            (Some(vec![dev]), None, col_ids, bytes + col_bytes)
+        }
+        HostParts::Owned(parts) => (None, Some(parts), col_ids, col_bytes),
+    };
+    device
+        .stream
+        .synchronize()
+        .map_err(cuda_err("uploading the right side"))?;
+    stats.peak_device_bytes = uploaded.3;
+    record_process_stats(stats);
+    Ok(uploaded)
+}
+
+/// The prepared parts an upload takes: its own (one device), or one part several devices copy.
+enum HostParts<'a> {
+    Owned(Vec<HostPart>),
+    Shared(&'a HostPart),
+}
+
+impl GpuIndex {
+    pub(crate) fn build_on<S: Semiring>(
+        device: Arc<Device>,
+        right: &SparseBatch,
+        s: &S,
+        options: &GpuOptions,
+    ) -> Result<Self> {
+        check_size(right)?;
+        // Builds on one device take turns from here to the upload, so each one's budget is read
+        // after the indexes built before it hold their memory: the driver's free memory is the
+        // process's one ledger (probes take turns too, so their scratch never overlaps).
+        let build_turn = lock_device(&device)?;
+        let (free, _) = device.memory()?;
+        // Leave room for the context and other users of the device when no limit is given.
+        let budget = options.memory_limit.unwrap_or(free / 10 * 8);
+        let layout = Layout::of(&device, right, s, budget);
+        let started = std::time::Instant::now();
+        let host_parts = layout.prepare(right, s);
         let prepared = started.elapsed();
-        let parts_meta_len = host_parts.len();
+        let parts = host_parts.len();
         let parts_meta = host_parts
             .iter()
             .map(|p| (p.first_row, p.rows, p.ntiles))
             .collect();
-
         let mut stats = GpuStats::default();
-        let _guard = build_turn;
-        device
-            .ctx
-            .bind_to_thread()
-            .map_err(cuda_err("binding the CUDA context"))?;
-        let col_ids = match &columns {
-            ColumnMap::Sorted(ids) => Some(upload(&device, ids, &mut stats)?),
-            ColumnMap::Direct(_) => None,
-        };
-        let col_bytes = match &columns {
-            ColumnMap::Sorted(ids) => ids.len() as u64 * 4,
-            ColumnMap::Direct(_) => 0,
-        };
-        let (resident, host_parts, resident_bytes) = if host_parts.len() == 1 {
-            let dev = upload_part(&device, &host_parts[0], &mut stats)?;
-            let bytes = dev.bytes;
-            (Some(vec![dev]), None, bytes + col_bytes)
-        } else {
-            (None, Some(host_parts), col_bytes)
-        };
-        device
-            .stream
-            .synchronize()
-            .map_err(cuda_err("uploading the right side"))?;
-        stats.peak_device_bytes = resident_bytes;
-        record_process_stats(&stats);
+        let uploaded = upload_layout(
+            &device,
+            &layout.columns,
+            HostParts::Owned(host_parts),
+            &mut stats,
+        )?;
+        drop(build_turn);
         log::debug!(
-            "GPU index: {rows} rows, {} parts, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
-            parts_meta_len,
+            "GPU index: {} rows, {parts} parts, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
+            right.len(),
             started.elapsed() - prepared,
             stats.bytes_to_device
         );
-        drop(_guard);
-        let certified = program.certified;
-        Ok(GpuIndex {
-            program,
+        let exact = layout
+            .program
+            .certified
+            .then(|| Arc::new(ExactDistance::new(*s, right)));
+        Ok(Self::assemble(
+            device, right, layout, parts_meta, exact, uploaded, stats,
+        ))
+    }
+
+    /// The whole right side on each of `devices` (prepared once, uploaded to all at once), or
+    /// None when it would not stay resident on each of them (or their tiles differ): the caller
+    /// then shards it instead.
+    pub(crate) fn build_replicas<S: Semiring>(
+        devices: &[Arc<Device>],
+        right: &SparseBatch,
+        s: &S,
+        options: &GpuOptions,
+    ) -> Result<Option<Vec<Self>>> {
+        check_size(right)?;
+        // Each device's turn, taken in ordinal order (two joins building at once must not wait
+        // on each other's devices in opposite orders).
+        let mut by_ordinal: Vec<&Arc<Device>> = devices.iter().collect();
+        by_ordinal.sort_by_key(|d| d.ordinal);
+        by_ordinal.dedup_by_key(|d| d.ordinal);
+        let turns = by_ordinal
+            .iter()
+            .map(|d| lock_device(d))
+            .collect::<Result<Vec<_>>>()?;
+        let mut budget = u64::MAX;
+        for d in devices {
+            let (free, _) = d.memory()?;
+            budget = budget.min(options.memory_limit.unwrap_or(free / 10 * 8));
+        }
+        let layout = Layout::of(&devices[0], right, s, budget);
+        let same_tiles = devices
+            .iter()
+            .all(|d| tile_rows(d, &layout.program) == layout.tile_rows);
+        if layout.ranges.len() != 1 || !same_tiles {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        let part = layout
+            .prepare(right, s)
+            .pop()
+            .expect("a layout of one range prepares one part");
+        let prepared = started.elapsed();
+        let uploads: Vec<Result<(Uploaded, GpuStats)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = devices
+                .iter()
+                .map(|d| {
+                    let (part, columns) = (&part, &layout.columns);
+                    scope.spawn(move || {
+                        let mut stats = GpuStats::default();
+                        let up = upload_layout(d, columns, HostParts::Shared(part), &mut stats)?;
+                        Ok((up, stats))
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(exec_datafusion_err!("GPU: an upload panicked")))
+                })
+                .collect()
+        });
+        drop(turns);
+        log::debug!(
+            "GPU index: {} rows on {} GPUs, prepared once in {prepared:?}, uploaded to all in {:?}",
+            right.len(),
+            devices.len(),
+            started.elapsed() - prepared
+        );
+        let exact = layout
+            .program
+            .certified
+            .then(|| Arc::new(ExactDistance::new(*s, right)));
+        let parts_meta = vec![(part.first_row, part.rows, part.ntiles)];
+        let mut replicas = Vec::with_capacity(devices.len());
+        for (d, up) in devices.iter().zip(uploads) {
+            let (uploaded, stats) = up?;
+            replicas.push(Self::assemble(
+                Arc::clone(d),
+                right,
+                layout.clone(),
+                parts_meta.clone(),
+                exact.clone(),
+                uploaded,
+                stats,
+            ));
+        }
+        Ok(Some(replicas))
+    }
+
+    fn assemble(
+        device: Arc<Device>,
+        right: &SparseBatch,
+        layout: Layout,
+        parts_meta: Vec<(usize, usize, usize)>,
+        exact: Option<Arc<ExactDistance>>,
+        (resident, host_parts, col_ids, resident_bytes): Uploaded,
+        stats: GpuStats,
+    ) -> Self {
+        GpuIndex {
+            program: layout.program,
             device,
-            rows,
-            columns,
+            rows: right.len(),
+            columns: layout.columns,
             host_parts,
             parts_meta,
-            tile_rows,
-            budget,
+            tile_rows: layout.tile_rows,
+            budget: layout.budget,
             max_row_len: right.max_row_len() as i32,
-            exact: certified.then(|| ExactDistance::new(*s, right)),
+            exact,
             inner: Mutex::new(Inner {
                 resident,
                 col_ids,
@@ -298,7 +515,7 @@ impl GpuIndex {
                 resident_bytes,
                 radius_pairs_per_row: std::cell::Cell::new(DEFAULT_RADIUS_PAIRS_PER_ROW),
             }),
-        })
+        }
     }
 
     /// The CUDA ordinal of the GPU that holds this index.
@@ -564,10 +781,11 @@ impl GpuIndex {
             .map(|w| {
                 let l = candidates.left[w[0]] as usize;
                 let x = sorted_nonzeros(left.row(l));
+                let x_one_sided = (exact.left_one_sided)(&x);
                 let mut row: Vec<(f64, u32)> = (w[0]..w[1])
                     .map(|i| {
                         let j = candidates.right[i];
-                        ((exact.distance)(&x, exact.right_row(j as usize)), j)
+                        (exact.distance(&x, x_one_sided, j as usize), j)
                     })
                     .collect();
                 match selection {

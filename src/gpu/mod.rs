@@ -33,7 +33,7 @@ pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
     build_shards, max_chunk_nnz, split_rows, Backend, Cancel, JoinIndex, ProbeOptions, Probed,
-    Selection,
+    ReplicatedIndex, Selection,
 };
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
@@ -105,16 +105,31 @@ impl Backend for GpuBackend {
         Ok(Box::new(GpuIndex::build(right, metric, &self.options)?))
     }
 
-    /// Shards the right side over the GPUs (consecutive row ranges of about equal nonzeros, one
-    /// per GPU, cut further where a range passes [`max_chunk_nnz`]); each GPU builds its shards
-    /// on its own thread and context, and probes ask every GPU at once.
+    /// With several GPUs, the whole right side on each when it stays resident on each (prepared
+    /// once, uploaded to all at once; a probe's left rows are split between them and nothing is
+    /// merged); else the right side sharded over the GPUs (consecutive row ranges of about equal
+    /// nonzeros, one per GPU, cut further where a range passes [`max_chunk_nnz`]), each GPU
+    /// building its shards on its own thread and context, probes asking every GPU at once and
+    /// merging their top-k lists.
     fn build_pieces(
         &self,
-        pieces: Vec<SparseBatch>,
+        mut pieces: Vec<SparseBatch>,
         metric: &Metric,
     ) -> Result<Box<dyn JoinIndex>> {
         let ordinals = self.ordinals()?;
         let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
+        if ordinals.len() > 1 && total > 0 && total <= max_chunk_nnz() {
+            let right = if pieces.len() == 1 {
+                pieces.pop().expect("one piece")
+            } else {
+                SparseBatch::concat(&pieces)?
+            };
+            if let Some(index) = self.build_replicated(&ordinals, &right, metric)? {
+                return Ok(index);
+            }
+            log::debug!("GPU: the right side does not stay on each GPU: sharded over them");
+            pieces = vec![right];
+        }
         let per_gpu = total.div_ceil(ordinals.len()).max(1);
         // A share may pass its even part by up to one row: cut exactly at it, the last rows
         // made a chunk of their own (a 1-row shard, probed and merged on every probe).
@@ -202,6 +217,44 @@ impl Backend for GpuBackend {
 }
 
 impl GpuBackend {
+    /// The whole of `right` on each GPU of `ordinals`, or None when it does not stay resident
+    /// on each.
+    fn build_replicated(
+        &self,
+        ordinals: &[usize],
+        right: &SparseBatch,
+        metric: &Metric,
+    ) -> Result<Option<Box<dyn JoinIndex>>> {
+        let devices = ordinals
+            .iter()
+            .map(|&o| device::device(o))
+            .collect::<Result<Vec<_>>>()?;
+        let replicas = crate::with_semiring!(metric, s => {
+            GpuIndex::build_replicas(&devices, right, &s, &self.options)
+        })?;
+        let Some(replicas) = replicas else {
+            return Ok(None);
+        };
+        let replicas = replicas
+            .into_iter()
+            .map(|index| Box::new(index) as Box<dyn JoinIndex>)
+            .collect();
+        Ok(Some(Box::new(ReplicatedIndex::new(replicas, right)?)))
+    }
+
+    /// [`GpuBackend::build_pieces`]'s whole-on-each-GPU index over any list of ordinals, one GPU
+    /// named twice included: a machine with one GPU tests the replicas' build and probe split.
+    #[doc(hidden)]
+    pub fn replicated_for_tests(
+        &self,
+        ordinals: &[usize],
+        right: &SparseBatch,
+        metric: &Metric,
+    ) -> Result<Box<dyn JoinIndex>> {
+        self.build_replicated(ordinals, right, metric)?
+            .ok_or_else(|| exec_datafusion_err!("GPU: the right side does not fit on each GPU"))
+    }
+
     /// Opens each GPU of this backend and compiles and loads `metric`'s kernels on it, on
     /// threads of their own, and returns at once: a join calls it before reading its right side,
     /// so that the driver's start, the contexts and NVRTC (0.3-0.6 s per process on the H200s

@@ -13,7 +13,7 @@ use crate::metric::RowTotals;
 use crate::vector::SparseBatch;
 
 /// Maps a column index to a column id of the right side.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum ColumnMap {
     /// Ids are the indices themselves, below `len`.
     Direct(usize),
