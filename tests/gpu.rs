@@ -542,7 +542,7 @@ fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
     let gpus = GpuBackend::default().ordinals().unwrap().len();
     let mut rng = StdRng::seed_from_u64(21);
     let right_rows = random_rows(&mut rng, 4000, DIM, 200, &[]);
-    let left_rows: Vec<_> = right_rows.iter().skip(500).take(1500).cloned().collect();
+    let left_rows: Vec<_> = right_rows.iter().skip(500).take(200).cloned().collect();
     let right = batch(&right_rows);
     let left = batch(&left_rows);
     let pieces = vec![right.slice(0, 1000), right.slice(1000, 2500), right.slice(3500, 500)];
@@ -554,7 +554,7 @@ fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
     ] {
         let m = metric(kind, DIM);
         let cpu_index = CpuIndex::build(&right, &m);
-        for memory_limit in [None, Some(250_000)] {
+        for memory_limit in [None, Some(400_000)] {
             let backend = GpuBackend {
                 options: GpuOptions {
                     memory_limit,

@@ -155,31 +155,15 @@ pub fn main() -> ExitCode {
             Command::Executor(args) => cluster::run_executor(args).await,
         }
     });
-    let code: u8 = match result {
-        Ok(()) => 0,
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         // `sparse-knn sql ... | head` closes stdout early: stop quietly, but not with success
         // (the output is cut short); 141 is what a shell reports for a process killed by SIGPIPE.
-        Err(e) if e.0.contains("Broken pipe") => 141,
+        Err(e) if e.0.contains("Broken pipe") => ExitCode::from(141),
         Err(e) => {
             eprintln!("sparse-knn: {e}");
-            1
+            ExitCode::FAILURE
         }
-    };
-    log::debug!("sparse-knn: the command is done");
-    // EXPERIMENT (not to be committed as is): which exit costs what.
-    match std::env::var("SPARSE_KNN_EXIT").as_deref() {
-        Ok("fast") => {
-            use std::io::Write;
-            let _ = std::io::stdout().flush();
-            let _ = std::io::stderr().flush();
-            // SAFETY: ends the process at once.
-            unsafe { libc::_exit(code as i32) }
-        }
-        Ok("exit") => {
-            runtime.shutdown_background();
-            std::process::exit(code as i32)
-        }
-        _ => ExitCode::from(code),
     }
 }
 

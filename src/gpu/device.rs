@@ -250,12 +250,20 @@ impl Device {
             .entry(key)
             .or_insert_with(|| {
                 let ptx = compiled(key, program, &self.arch)?;
-                guarded("loading the kernels", || {
+                let started = std::time::Instant::now();
+                let module = guarded("loading the kernels", || {
                     self.ctx
                         .load_module(ptx)
                         .map_err(cuda_err("loading the compiled kernels"))
                 })
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string());
+                log::debug!(
+                    "GPU {}: {} module loaded in {:?}",
+                    self.ordinal,
+                    program.name,
+                    started.elapsed()
+                );
+                module
             })
             .clone()
             .map_err(|e| exec_datafusion_err!("{e}"))
@@ -329,7 +337,10 @@ fn compiled(key: u64, program: &MetricProgram, arch: &str) -> std::result::Resul
         .or_default()
         .clone();
     slot.get_or_init(|| {
-        kernels::compile(&program.source, program.name, arch).map_err(|e| e.to_string())
+        let started = std::time::Instant::now();
+        let ptx = kernels::compile(&program.source, program.name, arch).map_err(|e| e.to_string());
+        log::debug!("NVRTC: {} compiled in {:?}", program.name, started.elapsed());
+        ptx
     })
     .clone()
 }
