@@ -545,7 +545,11 @@ fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
     let left_rows: Vec<_> = right_rows.iter().skip(500).take(200).cloned().collect();
     let right = batch(&right_rows);
     let left = batch(&left_rows);
-    let pieces = vec![right.slice(0, 1000), right.slice(1000, 2500), right.slice(3500, 500)];
+    let pieces = vec![
+        right.slice(0, 1000),
+        right.slice(1000, 2500),
+        right.slice(3500, 500),
+    ];
     for kind in [
         MetricKind::Cosine,
         MetricKind::Manhattan,
@@ -596,7 +600,11 @@ fn replicas_split_the_left_rows_and_match_one_index() {
     let mut rng = StdRng::seed_from_u64(22);
     let right = batch(&random_rows(&mut rng, 3000, DIM, 300, &[]));
     let left = right.slice(100, 1700);
-    for kind in [MetricKind::Cosine, MetricKind::Hellinger, MetricKind::Minkowski] {
+    for kind in [
+        MetricKind::Cosine,
+        MetricKind::Hellinger,
+        MetricKind::Minkowski,
+    ] {
         let m = metric(kind, DIM);
         let single = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
         let replicated = GpuBackend::default()
@@ -613,7 +621,14 @@ fn replicas_split_the_left_rows_and_match_one_index() {
             };
             let want = single.probe(&left, sel, po).unwrap();
             let got = replicated.probe(&left, sel, po).unwrap();
-            compare(&format!("{kind} {sel:?} replicated"), &m, &left, &right, &want, &got.pairs);
+            compare(
+                &format!("{kind} {sel:?} replicated"),
+                &m,
+                &left,
+                &right,
+                &want,
+                &got.pairs,
+            );
             assert_eq!(got.pairs.len(), want.len(), "{kind} {sel:?}");
             assert!(got.bytes_to_device > 0);
         }

@@ -155,6 +155,11 @@ pub fn main() -> ExitCode {
             Command::Executor(args) => cluster::run_executor(args).await,
         }
     });
+    // The timeline of a run (RUST_LOG=datafusion_sparse_knn=debug) ends here: what follows is
+    // the runtime's and the process's teardown.
+    log::debug!("sparse-knn: the command returned");
+    drop(runtime);
+    log::debug!("sparse-knn: the runtime is shut down");
     match result {
         Ok(()) => ExitCode::SUCCESS,
         // `sparse-knn sql ... | head` closes stdout early: stop quietly, but not with success

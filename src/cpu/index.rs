@@ -11,8 +11,8 @@ use std::collections::HashMap;
 
 use crate::join::{Cancel, PairList, ProbeOptions, Selection};
 use crate::metric::{
-    one_sided_sum, sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals,
-    Semiring, Side,
+    one_sided_sum, sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring,
+    Side,
 };
 use crate::vector::SparseBatch;
 

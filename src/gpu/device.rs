@@ -339,7 +339,11 @@ fn compiled(key: u64, program: &MetricProgram, arch: &str) -> std::result::Resul
     slot.get_or_init(|| {
         let started = std::time::Instant::now();
         let ptx = kernels::compile(&program.source, program.name, arch).map_err(|e| e.to_string());
-        log::debug!("NVRTC: {} compiled in {:?}", program.name, started.elapsed());
+        log::debug!(
+            "NVRTC: {} compiled in {:?}",
+            program.name,
+            started.elapsed()
+        );
         ptx
     })
     .clone()

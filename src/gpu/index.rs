@@ -695,8 +695,9 @@ impl GpuIndex {
             .map_err(cuda_err("finishing a probe"))?;
         Ok(match selection {
             Selection::Nearest(k) => merge_nearest(per_part, k, self.program.similarity),
-            // A certified metric's candidates (millions a probe): `probe_certified` groups them
-            // by left row itself and needs no order within a row.
+            // A certified metric's candidates (millions a probe, their lower bounds left on the
+            // device: `distance` is empty): `probe_certified` groups them by left row itself and
+            // needs no order within a row.
             Selection::Within(_) if bounds.mode == 2 => {
                 let mut all = PairList::default();
                 for part in per_part {

@@ -49,6 +49,11 @@ impl PairList {
 
     /// Appends `other`, whose left rows all come after this list's.
     pub fn append(&mut self, mut other: PairList) {
+        if self.left.is_empty() && self.distance.is_empty() {
+            // Taken whole: lists of millions of pairs are not copied.
+            *self = other;
+            return;
+        }
         self.left.append(&mut other.left);
         self.right.append(&mut other.right);
         self.distance.append(&mut other.distance);

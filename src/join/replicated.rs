@@ -156,8 +156,7 @@ impl JoinIndex for ReplicatedIndex {
 
     /// One replica's host memory: the replicas share their host-side data.
     fn memory_size(&self) -> usize {
-        self.replicas[0].memory_size()
-            + self.column_entries.as_ref().map_or(0, |c| c.len() * 4)
+        self.replicas[0].memory_size() + self.column_entries.as_ref().map_or(0, |c| c.len() * 4)
     }
 
     fn build_bytes_to_device(&self) -> u64 {

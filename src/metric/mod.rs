@@ -455,8 +455,12 @@ mod tests {
     /// joins skip the walk for such candidates), for every sum metric with an exact term.
     #[test]
     fn disjoint_rows_take_their_distance_from_one_sided_sums() {
-        let a: Vec<(i32, f32)> = (0..40).map(|i| (2 * i, 1.0 + (i * 37 % 2900) as f32)).collect();
-        let b: Vec<(i32, f32)> = (0..55).map(|i| (2 * i + 1, 0.5 + (i * 53 % 3100) as f32)).collect();
+        let a: Vec<(i32, f32)> = (0..40)
+            .map(|i| (2 * i, 1.0 + (i * 37 % 2900) as f32))
+            .collect();
+        let b: Vec<(i32, f32)> = (0..55)
+            .map(|i| (2 * i + 1, 0.5 + (i * 53 % 3100) as f32))
+            .collect();
         let mut shared = b.clone();
         shared[7].0 = a[3].0;
         shared.sort_unstable_by_key(|e| e.0);
@@ -481,7 +485,10 @@ mod tests {
                 }
             });
         }
-        assert!(checked >= 3, "minkowski, hellinger and jensenshannon: {checked}");
+        assert!(
+            checked >= 3,
+            "minkowski, hellinger and jensenshannon: {checked}"
+        );
     }
 
     fn reduction_of<S: Semiring>(_: &S) -> Reduction {
