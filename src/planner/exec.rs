@@ -78,6 +78,9 @@ const PROBES_IN_FLIGHT: usize = 2;
 type SharedBuild =
     Shared<BoxFuture<'static, std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>>>;
 
+/// Resolves once the right side is read (or its build is over, read or not).
+type RightRead = Shared<futures::channel::oneshot::Receiver<()>>;
+
 /// `knn_join` / `radius_join` as an execution plan.
 pub struct SparseJoinExec {
     spec: Arc<JoinSpec>,
@@ -87,7 +90,7 @@ pub struct SparseJoinExec {
     layout: Layout,
     schema: SchemaRef,
     /// The right side, built by whichever output partition asks first and shared by all.
-    build: Mutex<Option<SharedBuild>>,
+    build: Mutex<Option<(SharedBuild, RightRead)>>,
     metrics: ExecutionPlanMetricsSet,
     cache: Arc<PlanProperties>,
 }
@@ -202,12 +205,14 @@ impl SparseJoinExec {
             && self.layout.left_vector == self.layout.right_vector
     }
 
-    fn shared_build(&self, context: &Arc<TaskContext>) -> SharedBuild {
+    fn shared_build(&self, context: &Arc<TaskContext>) -> (SharedBuild, RightRead) {
         let mut slot = self.build.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(build) = slot.as_ref() {
             return build.clone();
         }
+        let (read, right_read) = futures::channel::oneshot::channel();
         let job = BuildJob {
+            right_read: Some(read),
             keep_input: self.reads_input_once(),
             name: self.display_name(),
             spec: Arc::clone(&self.spec),
@@ -220,8 +225,9 @@ impl SparseJoinExec {
         let build = async move { job.run().await.map(Arc::new).map_err(Arc::new) }
             .boxed()
             .shared();
-        *slot = Some(build.clone());
-        build
+        let built = (build, right_read.shared());
+        *slot = Some(built.clone());
+        built
     }
 }
 
@@ -399,7 +405,7 @@ impl ExecutionPlan for SparseJoinExec {
         } else {
             vec![partition]
         };
-        let build = self.shared_build(&context);
+        let (build, right_read) = self.shared_build(&context);
         let left = Arc::clone(&self.left);
         let ctx = Arc::clone(&context);
         let left_stream = futures::stream::iter(parts)
@@ -414,12 +420,16 @@ impl ExecutionPlan for SparseJoinExec {
                 left_stream.boxed()
             } else {
                 // The first left batches are read while the right side is built, so that the
-                // first probe does not start with a read (~0.1 s at the movielens shape).
+                // first probe does not start with a read (~0.1 s at the movielens shape); not
+                // while the right side is read: a self-join's two scans of one file shared the
+                // cores, and the right side's read is what the build waits for.
                 let mut ahead =
                     RecordBatchReceiverStreamBuilder::new(self.left.schema(), LEFT_READ_AHEAD);
                 let tx = ahead.tx();
                 let mut input = left_stream;
                 ahead.spawn(async move {
+                    // An error or a dropped build ends the wait as well.
+                    let _ = right_read.await;
                     while let Some(batch) = input.next().await {
                         if tx.send(batch).await.is_err() {
                             break;
@@ -670,6 +680,8 @@ impl BuildMetrics {
 }
 
 struct BuildJob {
+    /// Told when the right side is read (the left read-ahead waits for it).
+    right_read: Option<futures::channel::oneshot::Sender<()>>,
     /// Keep the right input's batches (all columns) to probe them against the index.
     keep_input: bool,
     name: &'static str,
@@ -682,7 +694,7 @@ struct BuildJob {
 }
 
 impl BuildJob {
-    async fn run(self) -> Result<BuildSide> {
+    async fn run(mut self) -> Result<BuildSide> {
         let reservation = Arc::new(
             MemoryConsumer::new(format!("{}[build side]", self.name))
                 .register(self.context.memory_pool()),
@@ -782,6 +794,9 @@ impl BuildJob {
             batches.len(),
             started.elapsed()
         );
+        if let Some(read) = self.right_read.take() {
+            let _ = read.send(());
+        }
 
         let started = Instant::now();
         let Self {
