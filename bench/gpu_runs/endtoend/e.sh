@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Call E (final build, one GPU): the GPU tests, then `knn` Parquet -> Parquet of main before this
+# work (old) and of this build (new) alternated on the same file, beside `bench` (the operator).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=/tmp/w; mkdir -p $W
+for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
+nvidia-smi --query-gpu=name,memory.total,driver_version,persistence_mode --format=csv,noheader | tee "$W/device.txt"
+for f in devbin/*/*.xz; do b=$(basename $f .xz); xz -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+L=$W/log.txt
+pack() { tar -C /tmp -czf $OUT/e.tgz w; }
+timeout 150 /tmp/gpu_test --ignored --test-threads=1 2>&1 | tail -14 | tee $W/gpu_test.log
+pack
+mkdir -p /tmp/data; f=/tmp/data/movielens.parquet
+/tmp/sparse-knn generate --shape movielens --output $f 2>&1 | tail -1 | tee -a $L
+ms() { echo $(( $(date +%s%N) / 1000000 )); }
+RUST_LOG=datafusion_sparse_knn=info timeout 100 /tmp/sparse-knn bench --input $f --metrics cosine,manhattan --devices gpu -k 10 --repeat 3 2>&1 | grep -E "run [0-9]|^gpu|^metric" | tee -a $L
+for round in 1 2 3; do
+  for metric in cosine manhattan; do
+    for bin in sparse-knn-old sparse-knn; do
+      s=$(ms)
+      /tmp/$bin knn --left $f --right $f --metric $metric -k 10 --device gpu --output /tmp/data/out.parquet --overwrite >/dev/null 2>>$L
+      e=$(ms)
+      echo "knn $bin metric=$metric round=$round wall_ms=$((e - s))" | tee -a $L
+    done
+  done
+done
+RUST_LOG=datafusion_sparse_knn=info timeout 100 /tmp/sparse-knn bench --input $f --metrics cosine,manhattan --devices gpu -k 10 --repeat 3 2>&1 | grep -E "run [0-9]|^gpu|^metric" | tee -a $L
+echo "process start $(date -u +%H:%M:%S.%N)" > $W/timeline_cosine.txt
+RUST_LOG=datafusion_sparse_knn=debug /tmp/sparse-knn knn --left $f --right $f --metric cosine -k 10 --device gpu --output /tmp/data/out.parquet --overwrite >> $W/timeline_cosine.txt 2>&1
+echo "process end $(date -u +%H:%M:%S.%N)" >> $W/timeline_cosine.txt
+pack
