@@ -31,9 +31,13 @@ impl ReplicatedIndex {
         let max_dim = right.max_dim();
         let column_entries = (max_dim <= 4 * right.nnz() + (1 << 20)).then(|| {
             let mut counts = vec![0u32; max_dim];
-            for (&c, &v) in right.indices().iter().zip(right.values()) {
-                if v != 0.0 {
-                    counts[c as usize] = counts[c as usize].saturating_add(1);
+            // Row by row: a sliced batch shares buffers that hold other rows too.
+            for r in 0..right.len() {
+                let (indices, values) = right.row(r);
+                for (&c, &v) in indices.iter().zip(values) {
+                    if let (Some(n), true) = (counts.get_mut(c as u32 as usize), v != 0.0) {
+                        *n = n.saturating_add(1);
+                    }
                 }
             }
             counts
@@ -177,7 +181,12 @@ mod tests {
     use rand::{Rng, SeedableRng};
 
     fn random_batch(rng: &mut StdRng, rows: usize, dim: i32) -> SparseBatch {
-        let rows: Vec<Vec<(i32, f32)>> = (0..rows)
+        let rows = random_rows(rng, rows, dim);
+        SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())))
+    }
+
+    fn random_rows(rng: &mut StdRng, rows: usize, dim: i32) -> Vec<Vec<(i32, f32)>> {
+        (0..rows)
             .map(|r| {
                 // Rows grow longer down the batch, so equal row counts would be unequal work.
                 let len = 1 + r / 8 + rng.random_range(0..4);
@@ -188,14 +197,16 @@ mod tests {
                     .map(|c| (c, rng.random_range(1..3000) as f32))
                     .collect()
             })
-            .collect();
-        SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())))
+            .collect()
     }
 
     #[test]
     fn replicas_answer_as_one_index_and_share_the_work() {
         let mut rng = StdRng::seed_from_u64(7);
-        let right = random_batch(&mut rng, 300, 60);
+        // A slice, as the build's pieces may be: its buffers hold rows, and a column, it lacks.
+        let mut rows = random_rows(&mut rng, 300, 60);
+        rows.push(vec![(5_000, 1.0)]);
+        let right = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice()))).slice(0, 300);
         let left = random_batch(&mut rng, 257, 60);
         let backend = CpuBackend;
         for name in ["cosine", "manhattan", "jensenshannon"] {
