@@ -72,31 +72,41 @@ impl<W: Write + Send> ParallelParquetWriter<W> {
         }
         self.pending.push(batch.clone());
         self.pending_rows += batch.num_rows();
-        while self.pending_rows >= self.rows_per_group {
-            let all = concat_batches(&self.schema, &self.pending)?;
-            let group = all.slice(0, self.rows_per_group);
-            let rest = all.slice(self.rows_per_group, all.num_rows() - self.rows_per_group);
-            self.pending_rows = rest.num_rows();
-            self.pending = if rest.num_rows() > 0 {
-                vec![rest]
-            } else {
-                Vec::new()
-            };
-            self.encode(group)?;
+        if self.pending_rows >= self.rows_per_group {
+            // Joined once (not at all when one batch waits), then cut into row groups that
+            // share its buffers; the rest waits for the next batch.
+            let all = self.take_pending()?;
+            let mut start = 0;
+            while all.num_rows() - start >= self.rows_per_group {
+                self.encode(all.slice(start, self.rows_per_group))?;
+                start += self.rows_per_group;
+            }
+            if start < all.num_rows() {
+                self.pending_rows = all.num_rows() - start;
+                self.pending.push(all.slice(start, self.pending_rows));
+            }
         }
         self.append_finished(false)
     }
 
     pub fn close(mut self) -> Result<()> {
         if self.pending_rows > 0 {
-            let rest = concat_batches(&self.schema, &self.pending)?;
-            self.pending.clear();
-            self.pending_rows = 0;
+            let rest = self.take_pending()?;
             self.encode(rest)?;
         }
         self.append_finished(true)?;
         self.writer.close()?;
         Ok(())
+    }
+
+    /// The waiting rows as one batch; none wait afterwards.
+    fn take_pending(&mut self) -> Result<RecordBatch> {
+        self.pending_rows = 0;
+        let mut pending = std::mem::take(&mut self.pending);
+        if pending.len() == 1 {
+            return Ok(pending.pop().expect("one batch"));
+        }
+        Ok(concat_batches(&self.schema, &pending)?)
     }
 
     fn encode(&mut self, group: RecordBatch) -> Result<()> {
