@@ -23,6 +23,22 @@ pub struct Probed {
     pub gpu_times: Vec<(usize, Duration)>,
 }
 
+impl Probed {
+    /// Adds `other`'s counters to these (kernel time summed per GPU) and returns its pairs,
+    /// which the caller places: appended, or merged with other parts of the right side.
+    pub fn absorb(&mut self, other: Probed) -> PairList {
+        self.compute_time += other.compute_time;
+        self.bytes_to_device += other.bytes_to_device;
+        for (ordinal, t) in other.gpu_times {
+            match self.gpu_times.iter_mut().find(|(o, _)| *o == ordinal) {
+                Some((_, total)) => *total += t,
+                None => self.gpu_times.push((ordinal, t)),
+            }
+        }
+        other.pairs
+    }
+}
+
 /// The right side of a join, built once by a backend and probed by every left batch, possibly
 /// from several threads at once.
 pub trait JoinIndex: Send + Sync {

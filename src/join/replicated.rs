@@ -3,13 +3,10 @@
 //! at once. No index sees a part of the right side, so nothing is merged: the ranges' pairs are
 //! the answer, laid end to end.
 
-use std::time::Duration;
-
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
-use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use crate::vector::SparseBatch;
 
@@ -136,24 +133,11 @@ impl JoinIndex for ReplicatedIndex {
                 })
                 .collect()
         });
-        let mut out = Probed {
-            pairs: PairList::default(),
-            compute_time: Duration::ZERO,
-            bytes_to_device: 0,
-            gpu_times: Vec::new(),
-        };
+        let mut out = Probed::default();
         // In range order, so the pairs stay ordered by left row.
         for r in results {
-            let p = r?;
-            out.compute_time += p.compute_time;
-            out.bytes_to_device += p.bytes_to_device;
-            for (ordinal, t) in p.gpu_times {
-                match out.gpu_times.iter_mut().find(|(o, _)| *o == ordinal) {
-                    Some((_, total)) => *total += t,
-                    None => out.gpu_times.push((ordinal, t)),
-                }
-            }
-            out.pairs.append(p.pairs);
+            let pairs = out.absorb(r?);
+            out.pairs.append(pairs);
         }
         Ok(out)
     }

@@ -4,7 +4,6 @@
 //! a single index over all rows would give, ties included (merges order ties by global row).
 
 use std::sync::OnceLock;
-use std::time::Duration;
 
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
@@ -182,32 +181,17 @@ impl JoinIndex for ShardedIndex {
             }
             out
         };
+        let mut probed = Probed::default();
         let mut parts = Vec::with_capacity(results.len());
-        let mut compute_time = Duration::ZERO;
-        let mut bytes_to_device = 0;
-        let mut gpu_times: Vec<(usize, Duration)> = Vec::new();
         for r in results {
-            let p = r?;
-            compute_time += p.compute_time;
-            bytes_to_device += p.bytes_to_device;
-            for (ordinal, t) in p.gpu_times {
-                match gpu_times.iter_mut().find(|(o, _)| *o == ordinal) {
-                    Some((_, total)) => *total += t,
-                    None => gpu_times.push((ordinal, t)),
-                }
-            }
-            parts.push(p.pairs);
+            parts.push(probed.absorb(r?));
         }
         let pairs = match selection {
             Selection::Nearest(k) => merge_nearest(parts, k, self.similarity),
             Selection::Within(_) => merge_within(parts),
         };
-        Ok(Probed {
-            pairs,
-            compute_time,
-            bytes_to_device,
-            gpu_times,
-        })
+        probed.pairs = pairs;
+        Ok(probed)
     }
 
     fn memory_size(&self) -> usize {

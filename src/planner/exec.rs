@@ -997,10 +997,8 @@ impl ProbeJob {
                 for l in part.pairs.left.iter_mut() {
                     *l += offset as u32;
                 }
-                probed.pairs.append(part.pairs);
-                probed.compute_time += part.compute_time;
-                probed.bytes_to_device += part.bytes_to_device;
-                probed.gpu_times.extend(part.gpu_times);
+                let pairs = probed.absorb(part);
+                probed.pairs.append(pairs);
                 offset += left.len();
             }
             if let Some((groups, keys)) = groups {
