@@ -298,62 +298,48 @@ fn lock_device(device: &Device) -> Result<std::sync::MutexGuard<'_, ()>> {
         .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))
 }
 
-/// The resident parts, the host parts kept for streaming, the column ids on the device and the
-/// resident bytes.
-type Uploaded = (
-    Option<Vec<DevPart>>,
-    Option<Vec<HostPart>>,
-    Option<CudaSlice<i32>>,
-    u64,
-);
+/// Where an upload put the right side.
+struct Uploaded {
+    /// The right side's one part (None when its parts are streamed per probe).
+    resident: Option<Vec<DevPart>>,
+    /// Its parts, kept on the host when they are streamed (set by the caller, who owns them).
+    host_parts: Option<Vec<HostPart>>,
+    col_ids: Option<CudaSlice<i32>>,
+    resident_bytes: u64,
+}
 
-/// Uploads the prepared right side to `device`: the column ids and, when there is one part,
-/// the part itself (several parts stay on the host and are streamed per probe).
+/// Uploads the prepared right side to `device`: the column ids and `resident`, the one part
+/// that stays (None when there are several parts: they stay on the host, streamed per probe).
 fn upload_layout(
     device: &Device,
     columns: &ColumnMap,
-    host_parts: HostParts<'_>,
+    resident: Option<&HostPart>,
     stats: &mut GpuStats,
 ) -> Result<Uploaded> {
     device
         .ctx
         .bind_to_thread()
         .map_err(cuda_err("binding the CUDA context"))?;
-    let col_ids = match columns {
-        ColumnMap::Sorted(ids) => Some(upload(device, ids, stats)?),
-        ColumnMap::Direct(_) => None,
+    let (col_ids, col_bytes) = match columns {
+        ColumnMap::Sorted(ids) => (Some(upload(device, ids, stats)?), ids.len() as u64 * 4),
+        ColumnMap::Direct(_) => (None, 0),
     };
-    let col_bytes = match columns {
-        ColumnMap::Sorted(ids) => ids.len() as u64 * 4,
-        ColumnMap::Direct(_) => 0,
-    };
-    let uploaded = match host_parts {
-        HostParts::Shared(part) => {
-            let dev = upload_part(device, part, stats)?;
-            let bytes = dev.bytes;
-            (Some(vec![dev]), None, col_ids, bytes + col_bytes)
-        }
-        HostParts::Owned(mut parts) if parts.len() == 1 => {
-            let part = parts.pop().expect("one part");
-            let dev = upload_part(device, &part, stats)?;
-            let bytes = dev.bytes;
-            (Some(vec![dev]), None, col_ids, bytes + col_bytes)
-        }
-        HostParts::Owned(parts) => (None, Some(parts), col_ids, col_bytes),
-    };
+    let resident = resident
+        .map(|part| upload_part(device, part, stats))
+        .transpose()?;
     device
         .stream
         .synchronize()
         .map_err(cuda_err("uploading the right side"))?;
-    stats.peak_device_bytes = uploaded.3;
+    let resident_bytes = col_bytes + resident.as_ref().map_or(0, |dev| dev.bytes);
+    stats.peak_device_bytes = resident_bytes;
     record_process_stats(stats);
-    Ok(uploaded)
-}
-
-/// The prepared parts an upload takes: its own (one device), or one part several devices copy.
-enum HostParts<'a> {
-    Owned(Vec<HostPart>),
-    Shared(&'a HostPart),
+    Ok(Uploaded {
+        resident: resident.map(|dev| vec![dev]),
+        host_parts: None,
+        col_ids,
+        resident_bytes,
+    })
 }
 
 impl GpuIndex {
@@ -381,12 +367,9 @@ impl GpuIndex {
             .map(|p| (p.first_row, p.rows, p.ntiles))
             .collect();
         let mut stats = GpuStats::default();
-        let uploaded = upload_layout(
-            &device,
-            &layout.columns,
-            HostParts::Owned(host_parts),
-            &mut stats,
-        )?;
+        let resident = (host_parts.len() == 1).then(|| &host_parts[0]);
+        let mut uploaded = upload_layout(&device, &layout.columns, resident, &mut stats)?;
+        uploaded.host_parts = (host_parts.len() > 1).then_some(host_parts);
         drop(build_turn);
         log::debug!(
             "GPU index: {} rows, {parts} parts, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
@@ -447,7 +430,7 @@ impl GpuIndex {
                     let (part, columns) = (&part, &layout.columns);
                     scope.spawn(move || {
                         let mut stats = GpuStats::default();
-                        let up = upload_layout(d, columns, HostParts::Shared(part), &mut stats)?;
+                        let up = upload_layout(d, columns, Some(part), &mut stats)?;
                         Ok((up, stats))
                     })
                 })
@@ -494,7 +477,7 @@ impl GpuIndex {
         layout: Layout,
         parts_meta: Vec<(usize, usize, usize)>,
         exact: Option<Arc<ExactDistance>>,
-        (resident, host_parts, col_ids, resident_bytes): Uploaded,
+        uploaded: Uploaded,
         stats: GpuStats,
     ) -> Self {
         GpuIndex {
@@ -502,17 +485,17 @@ impl GpuIndex {
             device,
             rows: right.len(),
             columns: layout.columns,
-            host_parts,
+            host_parts: uploaded.host_parts,
             parts_meta,
             tile_rows: layout.tile_rows,
             budget: layout.budget,
             max_row_len: right.max_row_len() as i32,
             exact,
             inner: Mutex::new(Inner {
-                resident,
-                col_ids,
+                resident: uploaded.resident,
+                col_ids: uploaded.col_ids,
                 stats,
-                resident_bytes,
+                resident_bytes: uploaded.resident_bytes,
                 radius_pairs_per_row: std::cell::Cell::new(DEFAULT_RADIUS_PAIRS_PER_ROW),
             }),
         }
