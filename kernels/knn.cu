@@ -221,14 +221,19 @@ __device__ __forceinline__ double fixed_scale(double bound, int deg) {
     return ldexp(1.0, 62 - e);
 }
 
-// Adds `term` (scaled) to a fixed-point accumulator; flags a term beyond the bound.
-__device__ __forceinline__ void fixed_add(long long* acc, double term, double scale, u32* overflow) {
+// Adds `term` (scaled) to a fixed-point accumulator; flags a term beyond the bound. With `cbits`
+// > 0 the sum sits above the low `cbits` bits, which count the terms added: a pair of rows sharing
+// no column is told apart in the same atomic (the scale was lowered by 2^cbits to leave room, and
+// the count, at most the left row's degree, stays below 2^cbits, so it never carries).
+__device__ __forceinline__ void fixed_add(long long* acc, double term, double scale, u32* overflow,
+                                          int cbits = 0) {
     const double v = term * scale;
-    if (!(fabs(v) <= 4.0e18)) {
+    if (!(fabs(v) <= ldexp(4.0e18, -cbits))) {
         *overflow = 1u;
         return;
     }
-    atomicAdd((unsigned long long*)acc, (unsigned long long)llrint(v));
+    const u64 add = cbits ? (((u64)llrint(v)) << cbits) + 1ull : (u64)llrint(v);
+    atomicAdd((unsigned long long*)acc, (unsigned long long)add);
 }
 
 template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
@@ -291,7 +296,10 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         }
         const double lt0 = block_reduce<false>(t0, red);
         const double lt1 = block_reduce<false>(t1, red);
-        const double scale0 = fixed_scale(block_reduce<true>(b0, red), deg);
+        // Bound modes that leave disjoint pairs to the host count each pair's shared columns in
+        // the low bits of its accumulator (deg < 2^cbits).
+        const int cbits = (a.shared_only && a.bound_mode != 0) ? 32 - __clz(deg | 1) : 0;
+        const double scale0 = ldexp(fixed_scale(block_reduce<true>(b0, red), deg), -cbits);
         const double scale1 = TWO ? fixed_scale(block_reduce<true>(b1, red), deg) : 1.0;
         if (threadIdx.x == 0) {
             s_count = 0;
@@ -342,7 +350,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     u32 pos = seg_start[lo] + (q - seg_off[lo]);
                     int j = (int)col_rows[pos] - tile_first;
                     const double x = seg_x[lo], y = col_vals[pos];
-                    fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow);
+                    fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow, cbits);
                     if (TWO) fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1, a.overflow);
                 }
                 __syncthreads();
@@ -352,11 +360,14 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 int jj = f0 + threadIdx.x;
                 if (jj < tile_len) {
                     int j = tile_first + jj;
-                    if (row_valid(valid_bits, j) && (long long)j != self_row) {
+                    long long raw0 = acc0[jj];
+                    const bool counted = cbits == 0 || (raw0 & ((1ll << cbits) - 1)) != 0;
+                    raw0 >>= cbits;
+                    if (counted && row_valid(valid_bits, j) && (long long)j != self_row) {
                         const Totals lt = {lt0, lt1};
                         const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
                                            MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
-                        double s0 = (double)acc0[jj] / scale0;
+                        double s0 = (double)raw0 / scale0;
                         const double s1 = TWO ? (double)acc1[jj] / scale1 : 0.0;
                         if (a.bound_mode != 0) {
                             // The folded sum's rounding, bounded as in src/cpu/certified.rs (n

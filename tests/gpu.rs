@@ -634,3 +634,85 @@ fn replicas_split_the_left_rows_and_match_one_index() {
         }
     }
 }
+
+/// The certified metrics leave the pairs that share no column to the host (found from the rows'
+/// one-sided sums). On rows like ratings (mostly one to three columns, counts in the thousands
+/// beside small ones, so thousands of rows share no column with a left row and tie exactly) the
+/// GPU's answer is the CPU's, row for row and bit for bit: knn below and above the device's k,
+/// radius joins, exclude_self, null and empty rows, one part or several.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn certified_metrics_take_rows_sharing_no_column_exactly() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(11);
+    let rows: Vec<Option<Vec<(i32, f32)>>> = (0..6000)
+        .map(|r| {
+            if r % 211 == 3 {
+                return None;
+            }
+            let len = match rng.random_range(0..10) {
+                0..=5 => rng.random_range(0..3),
+                6..=8 => rng.random_range(3..30),
+                _ => rng.random_range(30..400),
+            };
+            let mut cols: Vec<i32> = (0..len)
+                .map(|_| (800f64.powf(rng.random::<f64>()) - 1.0) as i32)
+                .collect();
+            cols.sort_unstable();
+            cols.dedup();
+            Some(
+                cols.into_iter()
+                    .map(|c| (c, [1.0f32, 2.0, 5.0, 3000.0][rng.random_range(0..4)]))
+                    .collect(),
+            )
+        })
+        .collect();
+    let right = batch(&rows);
+    let left = batch(&rows[..700]);
+    for kind in [
+        MetricKind::Minkowski,
+        MetricKind::Hellinger,
+        MetricKind::JensenShannon,
+    ] {
+        let m = metric(kind, 800);
+        let cpu_index = CpuIndex::build(&right, &m);
+        for limit in [None, Some(400_000u64)] {
+            let gpu_index = GpuIndex::build(
+                &right,
+                &m,
+                &GpuOptions {
+                    memory_limit: limit,
+                    ..GpuOptions::default()
+                },
+            )
+            .unwrap();
+            let radius = {
+                let c = cpu::probe(&cpu_index, &left, Selection::Nearest(40), Default::default());
+                let mut ds = c.distance.clone();
+                ds.sort_by(|a, b| a.total_cmp(b));
+                ds[ds.len() / 2]
+            };
+            for sel in [
+                Selection::Nearest(1),
+                Selection::Nearest(10),
+                Selection::Nearest(1500),
+                Selection::Within(radius),
+            ] {
+                for exclude in [None, Some(0i64)] {
+                    let po = ProbeOptions {
+                        exclude_self_from: exclude,
+                    };
+                    let c = cpu::probe(&cpu_index, &left, sel, po);
+                    let g = gpu_index.probe(&left, sel, po).unwrap();
+                    let label = format!("{kind} {sel:?} exclude={exclude:?} limit={limit:?}");
+                    assert!(c.len() > left.len() / 2, "{label}: {} pairs", c.len());
+                    assert_eq!(c.left, g.left, "{label}: left rows");
+                    assert_eq!(c.right, g.right, "{label}: right rows");
+                    assert_eq!(c.distance, g.distance, "{label}: distances");
+                }
+            }
+        }
+    }
+}

@@ -79,6 +79,9 @@ kernel_args! {
         bound_mode: i32 = "int",
         /// The most nonzeros of one right row (in the rounding bound).
         max_row_len: i32 = "int",
+        /// Bound modes: skip the pairs that share no column (the host takes those exactly from
+        /// the rows' one-sided sums); the accumulators then count the shared columns as well.
+        shared_only: i32 = "int",
         /// Radius joins: a radius per work row, or 0 (null) for `radius`.
         row_radius: DevPtr = "const double*",
         col_mode: i32 = "int",

@@ -21,10 +21,7 @@ use super::memory::upload;
 use super::prepare::{estimate_bytes, prepare_part, upload_part, ColumnMap, DevPart, HostPart};
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
-use crate::metric::{
-    disjoint_distance, one_sided_sum, share_a_column, sorted_nonzeros, union_distance, RowTotals,
-    Semiring, Side,
-};
+use crate::metric::{sorted_nonzeros, ExactRows, RowTotals, Semiring};
 use crate::vector::SparseBatch;
 
 /// The largest k selected inside the kernels (the candidates live in shared memory); a larger k
@@ -62,67 +59,8 @@ pub struct GpuIndex {
     max_row_len: i32,
     /// Certified metrics: the exact distance of a pair (left row, right row) over the union.
     /// Shared by the replicas of one right side on several GPUs.
-    exact: Option<Arc<ExactDistance>>,
+    exact: Option<Arc<ExactRows>>,
     inner: Mutex<Inner>,
-}
-
-/// The exact distance of a left row and a right row, both as sorted nonzero entries; the right
-/// side's rows kept so (`ptr` is their row pointer).
-struct ExactDistance {
-    ptr: Vec<usize>,
-    entries: Vec<(i32, f32)>,
-    /// Each right row's `metric::one_sided_sum`.
-    one_sided: Vec<f64>,
-    walk: ExactFn,
-    left_one_sided: OneSidedFn,
-    disjoint: DisjointFn,
-}
-
-type ExactFn = Box<dyn Fn(&[(i32, f32)], &[(i32, f32)]) -> f64 + Send + Sync>;
-type OneSidedFn = Box<dyn Fn(&[(i32, f32)]) -> f64 + Send + Sync>;
-type DisjointFn = Box<dyn Fn(f64, f64) -> f64 + Send + Sync>;
-
-impl ExactDistance {
-    fn new<S: Semiring>(s: S, right: &SparseBatch) -> Self {
-        let mut ptr = Vec::with_capacity(right.len() + 1);
-        let mut entries = Vec::with_capacity(right.nnz());
-        ptr.push(0);
-        for r in 0..right.len() {
-            entries.extend(sorted_nonzeros(right.row(r)));
-            ptr.push(entries.len());
-        }
-        let one_sided = (0..right.len())
-            .into_par_iter()
-            .map(|j| one_sided_sum(&s, &entries[ptr[j]..ptr[j + 1]], Side::Right))
-            .collect();
-        Self {
-            ptr,
-            entries,
-            one_sided,
-            walk: Box::new(move |a, b| union_distance(&s, a, b)),
-            left_one_sided: Box::new(move |a| one_sided_sum(&s, a, Side::Left)),
-            disjoint: Box::new(move |l, r| disjoint_distance(&s, l, r)),
-        }
-    }
-
-    fn right_row(&self, j: usize) -> &[(i32, f32)] {
-        &self.entries[self.ptr[j]..self.ptr[j + 1]]
-    }
-
-    /// Left row `x` (sorted nonzeros, with its `one_sided_sum`) against right row `j`: a walk
-    /// with the exact term where they share a column, else from the rows' one-sided sums.
-    fn distance(&self, x: &[(i32, f32)], x_one_sided: f64, j: usize) -> f64 {
-        let y = self.right_row(j);
-        if share_a_column(x, y) {
-            (self.walk)(x, y)
-        } else {
-            (self.disjoint)(x_one_sided, self.one_sided[j])
-        }
-    }
-
-    fn memory_size(&self) -> usize {
-        self.ptr.len() * 8 + self.entries.len() * 8 + self.one_sided.len() * 8
-    }
 }
 
 /// What the kernels return for a certified metric: distances (mode 0), or their upper (1) or
@@ -131,12 +69,15 @@ impl ExactDistance {
 struct Bounds<'a> {
     mode: i32,
     row_radius: Option<&'a [f64]>,
+    /// Leave out the pairs that share no column (their distances come from the host).
+    shared_only: bool,
 }
 
 impl Bounds<'_> {
     const NONE: Bounds<'static> = Bounds {
         mode: 0,
         row_radius: None,
+        shared_only: false,
     };
 }
 
@@ -380,7 +321,7 @@ impl GpuIndex {
         let exact = layout
             .program
             .certified
-            .then(|| Arc::new(ExactDistance::new(*s, right)));
+            .then(|| Arc::new(ExactRows::new(*s, right)));
         Ok(Self::assemble(
             device, right, layout, parts_meta, exact, uploaded, stats,
         ))
@@ -453,7 +394,7 @@ impl GpuIndex {
         let exact = layout
             .program
             .certified
-            .then(|| Arc::new(ExactDistance::new(*s, right)));
+            .then(|| Arc::new(ExactRows::new(*s, right)));
         let parts_meta = vec![(part.first_row, part.rows, part.ntiles)];
         let mut replicas = Vec::with_capacity(devices.len());
         for (d, up) in devices.iter().zip(uploads) {
@@ -476,7 +417,7 @@ impl GpuIndex {
         right: &SparseBatch,
         layout: Layout,
         parts_meta: Vec<(usize, usize, usize)>,
-        exact: Option<Arc<ExactDistance>>,
+        exact: Option<Arc<ExactRows>>,
         uploaded: Uploaded,
         stats: GpuStats,
     ) -> Self {
@@ -642,6 +583,7 @@ impl GpuIndex {
                 held,
                 bound_mode: bounds.mode,
                 max_row_len: self.max_row_len,
+                shared_only: bounds.shared_only,
                 row_radius: bounds.row_radius,
                 radius_pairs_per_row: &inner.radius_pairs_per_row,
             };
@@ -698,6 +640,11 @@ impl GpuIndex {
     /// left row's k-th smallest upper bound U; a second collects every right row whose lower
     /// bound is within U (for a radius, within the radius): no row outside can be in the answer.
     /// Those candidates are computed exactly over the union on the host and selected there.
+    ///
+    /// Where the metric allows it ([`ExactRows::finds_disjoint_rows`]), both passes leave out the
+    /// pairs that share no column: the host finds a left row's nearest such rows exactly from the
+    /// rows' one-sided sums, and their k-th distance bounds the row's radius as U does. Such rows
+    /// tie in large groups that any bound of nonzero width would admit whole.
     fn probe_certified(
         &self,
         inner: &mut Inner,
@@ -710,10 +657,30 @@ impl GpuIndex {
         let exact = self
             .exact
             .as_ref()
-            .expect("certified metrics keep the exact distance");
-        let kth_upper: Vec<f64>;
+            .expect("certified metrics keep the exact distance")
+            .clone();
         let started = std::time::Instant::now();
-        let (within, row_radius) = match selection {
+        let shared_only = exact.finds_disjoint_rows();
+        // Each left row's nearest rows (or rows within the radius) among those sharing no column.
+        let disjoint: Vec<Vec<(f64, u32)>> = (0..left.len())
+            .into_par_iter()
+            .map(|l| {
+                if !shared_only || left.is_null(l) {
+                    return Vec::new();
+                }
+                let x = sorted_nonzeros(left.row(l));
+                let skip = options.excluded_right_row(l, self.rows);
+                exact.disjoint_rows(&x, exact.left_one_sided(&x), selection, skip)
+            })
+            .collect();
+        let disjoint_done = started.elapsed().as_secs_f64();
+        // A row radius no answer row can pass: the k-th distance of the disjoint rows (exact),
+        // lowered by the sharing rows' k-th upper bound where the first pass finds one.
+        let disjoint_kth = |l: usize, k: usize| match disjoint[l].len() {
+            n if n == k && k > 0 => disjoint[l][k - 1].0,
+            _ => f64::INFINITY,
+        };
+        let row_radius: Option<Vec<f64>> = match selection {
             Selection::Nearest(k) if k <= MAX_DEVICE_K => {
                 let upper = self.probe_locked(
                     inner,
@@ -725,10 +692,11 @@ impl GpuIndex {
                     Bounds {
                         mode: 1,
                         row_radius: None,
+                        shared_only,
                     },
                 )?;
                 // Rows with fewer than k candidates keep every one (an infinite radius).
-                let mut kth = vec![f64::INFINITY; left.len()];
+                let mut kth: Vec<f64> = (0..left.len()).map(|l| disjoint_kth(l, k)).collect();
                 let mut i = 0;
                 while i < upper.len() {
                     let l = upper.left[i] as usize;
@@ -737,14 +705,19 @@ impl GpuIndex {
                         i += 1;
                     }
                     if i - start == k {
-                        kth[l] = upper.distance[i - 1];
+                        kth[l] = kth[l].min(upper.distance[i - 1]);
                     }
                 }
-                kth_upper = kth;
-                (f64::INFINITY, Some(&kth_upper[..]))
+                Some(kth)
             }
-            Selection::Nearest(_) => (f64::INFINITY, None),
-            Selection::Within(radius) => (radius, None),
+            Selection::Nearest(k) if shared_only => {
+                Some((0..left.len()).map(|l| disjoint_kth(l, k)).collect())
+            }
+            Selection::Nearest(_) | Selection::Within(_) => None,
+        };
+        let within = match selection {
+            Selection::Nearest(_) => f64::INFINITY,
+            Selection::Within(radius) => radius,
         };
         let upper_done = started.elapsed().as_secs_f64();
         let candidates = self.probe_locked(
@@ -756,7 +729,8 @@ impl GpuIndex {
             stats,
             Bounds {
                 mode: 2,
-                row_radius,
+                row_radius: row_radius.as_deref(),
+                shared_only,
             },
         )?;
         cancel.check()?;
@@ -777,27 +751,32 @@ impl GpuIndex {
         }
         let found = candidates.len();
         drop(candidates);
-        let rows: Vec<Vec<(f64, u32)>> = (0..left.len())
+        let rows: Vec<Vec<(f64, u32)>> = disjoint
             .into_par_iter()
-            .map(|l| {
+            .enumerate()
+            .map(|(l, mut row)| {
                 let candidates = &by_left[starts[l]..starts[l + 1]];
-                if candidates.is_empty() {
-                    return Vec::new();
+                if !candidates.is_empty() {
+                    let x = sorted_nonzeros(left.row(l));
+                    let x_one_sided = exact.left_one_sided(&x);
+                    row.extend(
+                        candidates
+                            .iter()
+                            .map(|&j| (exact.distance(&x, x_one_sided, j as usize), j)),
+                    );
                 }
-                let x = sorted_nonzeros(left.row(l));
-                let x_one_sided = (exact.left_one_sided)(&x);
-                let mut row: Vec<(f64, u32)> = candidates
-                    .iter()
-                    .map(|&j| (exact.distance(&x, x_one_sided, j as usize), j))
-                    .collect();
+                // A row can come from both sides only through a column the kernels saw and the
+                // exact rows do not (an explicit zero); it has one distance either way.
                 match selection {
                     Selection::Nearest(k) => {
                         row.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                        row.dedup();
                         row.truncate(k);
                     }
                     Selection::Within(radius) => {
                         row.retain(|&(d, _)| d <= radius);
                         row.sort_unstable_by_key(|e| e.1);
+                        row.dedup();
                     }
                 }
                 row
@@ -811,12 +790,13 @@ impl GpuIndex {
         }
         // How tight the bounds were (a candidate costs a merge of two rows on the host).
         log::debug!(
-            "certified: {} left rows, {} candidates, {} kept; upper bounds {:.3} s, candidates \
-             {:.3} s, exact step {:.3} s",
+            "certified: {} left rows, {} candidates, {} kept; rows sharing no column {:.3} s, upper \
+             bounds {:.3} s, candidates {:.3} s, exact step {:.3} s",
             left.len(),
             found,
             out.len(),
-            upper_done,
+            disjoint_done,
+            upper_done - disjoint_done,
             (exact_started - started).as_secs_f64() - upper_done,
             exact_started.elapsed().as_secs_f64()
         );

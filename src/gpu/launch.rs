@@ -50,6 +50,8 @@ pub(crate) struct PartLaunch<'a> {
     /// Distances, or their upper (1) or lower (2) bounds (certified metrics).
     pub bound_mode: i32,
     pub max_row_len: i32,
+    /// Bound modes: pairs sharing no column are left out (the host computes those exactly).
+    pub shared_only: bool,
     /// Radius joins: a radius per left row of the batch instead of the selection's.
     pub row_radius: Option<&'a [f64]>,
     /// Pairs per left row to make room for (updated with what each launch finds).
@@ -275,6 +277,7 @@ impl PartLaunch<'_> {
                     overflow: addr(device, &overflow),
                     bound_mode: self.bound_mode,
                     max_row_len: self.max_row_len,
+                    shared_only: self.shared_only as i32,
                     row_radius: d_radius.as_ref().map_or(0, |r| addr(device, r)),
                     col_mode: matches!(self.columns, ColumnMap::Sorted(_)) as i32,
                     ncols: self.columns.len() as i32,

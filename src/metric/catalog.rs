@@ -85,6 +85,7 @@ semiring! {
         pow(folded(l.t0 + r.t0 + acc0, l.t0 + r.t0), 1.0 / prm.p)
     };
     exact_term(x, y, prm) = pow(fabs(x - y), prm.p);
+    finish_increasing: true;
 }
 
 semiring! {
@@ -222,6 +223,7 @@ semiring! {
         sqrt(fmax(l.t0 + r.t0 + acc0, 0.0)) / SQRT_2
     };
     exact_term(x, y, prm) = (sqrt(x) - sqrt(y)) * (sqrt(x) - sqrt(y));
+    finish_increasing: true;
 }
 
 semiring! {
@@ -244,6 +246,7 @@ semiring! {
     };
     exact_term(x, y, prm) = select(x > 0.0, x * log(2.0 * x / (x + y)), 0.0)
         + select(y > 0.0, y * log(2.0 * y / (x + y)), 0.0);
+    finish_increasing: true;
 }
 
 semiring! {

@@ -129,6 +129,12 @@ pub trait Semiring: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// `pair` reads a per-value `lift` (see the module docs).
     const LIFTED: bool;
     const SOURCE: Source;
+    /// A sum metric whose `finish(s, 0, zero totals, zero totals)` never decreases as `s` grows
+    /// (up to a pow's last-bit rounding), declared by `finish_increasing: true;`: the distance of
+    /// two rows that share no column then grows with their one-sided sums, so a row's nearest
+    /// such rows are found among the right rows of smallest one-sided sum
+    /// ([`crate::metric::ExactRows`]) instead of being bounded by the kernels.
+    const FINISH_INCREASING: bool;
 
     /// How much larger than a few ulps of `|acc| + 2(L + R)` the rounding of the folded sum may be,
     /// for the certified bounds (src/cpu/certified.rs, `kernels/knn.cu`). A lifted pair subtracts
@@ -240,6 +246,7 @@ macro_rules! semiring {
             $(let $flet:ident = $flet_e:expr;)* $fin:expr
         };
         $(exact_term($ex:ident, $ey:ident, $eprm:ident) = $eterm:expr;)?
+        $(finish_increasing: $increasing:literal;)?
     ) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq)]
@@ -259,6 +266,7 @@ macro_rules! semiring {
             const TWO_ACCUMULATORS: bool =
                 !$crate::metric::define::is_zero_literal(stringify!($p1));
             const LIFTED: bool = $crate::semiring!(@lifted $($lift)?);
+            const FINISH_INCREASING: bool = $crate::semiring!(@flag $($increasing)?);
             const SOURCE: $crate::metric::Source = $crate::metric::Source {
                 total_names: [stringify!($tx), stringify!($tprm)],
                 total: [stringify!($t0), stringify!($t1)],
@@ -342,6 +350,8 @@ macro_rules! semiring {
     };
     (@term) => { None };
     (@lifted) => { false };
+    (@flag) => { false };
+    (@flag $value:literal) => { $value };
     (@lifted $lift:expr) => { true };
     (@lift_source) => { None };
     (@lift_source $names:expr, $text:expr, $reads:expr) => { Some(($names, $text, $reads)) };

@@ -11,9 +11,11 @@
 mod catalog;
 pub mod cuda;
 pub mod define;
+mod exact;
 pub mod math;
 
 pub use catalog::*;
+pub use exact::ExactRows;
 pub use define::{KeyForm, Params, Reduction, RowTotals, Semiring, Source};
 
 use std::fmt;
