@@ -678,7 +678,7 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
     ] {
         let m = metric(kind, 800);
         let cpu_index = CpuIndex::build(&right, &m);
-        for limit in [None, Some(400_000u64)] {
+        for limit in [None, Some(1_000_000u64)] {
             let gpu_index = GpuIndex::build(
                 &right,
                 &m,
@@ -704,9 +704,16 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
                     let po = ProbeOptions {
                         exclude_self_from: exclude,
                     };
+                    let started = std::time::Instant::now();
                     let c = cpu::probe(&cpu_index, &left, sel, po);
+                    let cpu_s = started.elapsed().as_secs_f64();
                     let g = gpu_index.probe(&left, sel, po).unwrap();
                     let label = format!("{kind} {sel:?} exclude={exclude:?} limit={limit:?}");
+                    eprintln!(
+                        "{label}: {} pairs, CPU {cpu_s:.2} s, GPU {:.2} s",
+                        c.len(),
+                        started.elapsed().as_secs_f64() - cpu_s
+                    );
                     assert!(c.len() > left.len() / 2, "{label}: {} pairs", c.len());
                     assert_eq!(c.left, g.left, "{label}: left rows");
                     assert_eq!(c.right, g.right, "{label}: right rows");
