@@ -71,6 +71,8 @@ struct Bounds<'a> {
     row_radius: Option<&'a [f64]>,
     /// Leave out the pairs that share no column (their distances come from the host).
     shared_only: bool,
+    /// The left rows to compute (all when absent).
+    active_rows: Option<&'a [bool]>,
 }
 
 impl Bounds<'_> {
@@ -78,6 +80,7 @@ impl Bounds<'_> {
         mode: 0,
         row_radius: None,
         shared_only: false,
+        active_rows: None,
     };
 }
 
@@ -191,6 +194,87 @@ impl Layout {
             })
             .collect()
     }
+}
+
+/// Where each left row's pairs start in a list of `rows` left rows grouped by left row (or
+/// where they go, for a counting sort of an ungrouped list).
+fn left_row_starts(left_of_pair: &[u32], rows: usize) -> Vec<usize> {
+    let mut starts = vec![0usize; rows + 1];
+    for &l in left_of_pair {
+        starts[l as usize + 1] += 1;
+    }
+    for l in 0..rows {
+        starts[l + 1] += starts[l];
+    }
+    starts
+}
+
+/// Adds the exact distances of left row `l` to the right rows `candidates` to its `row`.
+fn add_exact(
+    exact: &ExactRows,
+    left: &SparseBatch,
+    l: usize,
+    candidates: &[u32],
+    row: &mut Vec<(f64, u32)>,
+) {
+    if candidates.is_empty() {
+        return;
+    }
+    let x = sorted_nonzeros(left.row(l));
+    let x_one_sided = exact.left_one_sided(&x);
+    row.extend(
+        candidates
+            .iter()
+            .map(|&j| (exact.distance(&x, x_one_sided, j as usize), j)),
+    );
+}
+
+/// A row's exact pairs cut to the answer: the k nearest, or those within the radius by right row.
+/// A right row can come twice only through a column the kernels saw and the exact rows do not
+/// (an explicit zero); it has one distance either way.
+fn keep_answer(row: &mut Vec<(f64, u32)>, selection: Selection) {
+    match selection {
+        Selection::Nearest(k) => {
+            row.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            row.dedup();
+            row.truncate(k);
+        }
+        Selection::Within(radius) => {
+            row.retain(|&(d, _)| d <= radius);
+            row.sort_unstable_by_key(|e| e.1);
+            row.dedup();
+        }
+    }
+}
+
+fn into_pairs(rows: Vec<Vec<(f64, u32)>>) -> PairList {
+    let mut out = PairList::default();
+    for (l, row) in rows.into_iter().enumerate() {
+        for (d, j) in row {
+            out.push(l as u32, j, d);
+        }
+    }
+    out
+}
+
+/// How tight the bounds were (a candidate costs a merge of two rows on the host) and how many
+/// rows needed the candidate pass; `timing` is when the disjoint rows and the first pass ended.
+fn log_certified(
+    left_rows: usize,
+    first_pairs: usize,
+    (second_rows, candidates): (usize, usize),
+    rows: &[Vec<(f64, u32)>],
+    started: std::time::Instant,
+    [disjoint_s, first_s]: [f64; 2],
+) {
+    log::debug!(
+        "certified: {left_rows} left rows, {} kept; rows sharing no column {disjoint_s:.3} s; \
+         first pass {first_pairs} pairs, {:.3} s; candidate pass over {second_rows} rows, \
+         {candidates} candidates; {:.3} s in all",
+        rows.iter().map(Vec::len).sum::<usize>(),
+        first_s - disjoint_s,
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Right rows per tile of the folded kernels on `device` (0 for the union form).
@@ -585,6 +669,7 @@ impl GpuIndex {
                 max_row_len: self.max_row_len,
                 shared_only: bounds.shared_only,
                 row_radius: bounds.row_radius,
+                active_rows: bounds.active_rows,
                 radius_pairs_per_row: &inner.radius_pairs_per_row,
             };
             let mut out = PairList::default();
@@ -641,10 +726,13 @@ impl GpuIndex {
     /// bound is within U (for a radius, within the radius): no row outside can be in the answer.
     /// Those candidates are computed exactly over the union on the host and selected there.
     ///
-    /// Where the metric allows it ([`ExactRows::finds_disjoint_rows`]), both passes leave out the
+    /// Where the metric allows it ([`ExactRows::finds_disjoint_rows`]), the kernels leave out the
     /// pairs that share no column: the host finds a left row's nearest such rows exactly from the
-    /// rows' one-sided sums, and their k-th distance bounds the row's radius as U does. Such rows
-    /// tie in large groups that any bound of nonzero width would admit whole.
+    /// rows' one-sided sums (such rows tie in large groups that any bound of nonzero width would
+    /// admit whole). k nearest then takes one pass: each left row's `wide` sharing rows of
+    /// smallest lower bound, computed exactly and merged with its disjoint rows, give an exact
+    /// k-th distance D; when the last of them has a lower bound above D, no row left out can
+    /// enter, and the row is done. Only the other rows run the candidate pass, within D.
     fn probe_certified(
         &self,
         inner: &mut Inner,
@@ -661,8 +749,9 @@ impl GpuIndex {
             .clone();
         let started = std::time::Instant::now();
         let shared_only = exact.finds_disjoint_rows();
-        // Each left row's nearest rows (or rows within the radius) among those sharing no column.
-        let disjoint: Vec<Vec<(f64, u32)>> = (0..left.len())
+        // Each left row's answer so far: its nearest rows (or rows within the radius) among
+        // those sharing no column.
+        let mut rows: Vec<Vec<(f64, u32)>> = (0..left.len())
             .into_par_iter()
             .map(|l| {
                 if !shared_only || left.is_null(l) {
@@ -674,13 +763,55 @@ impl GpuIndex {
             })
             .collect();
         let disjoint_done = started.elapsed().as_secs_f64();
-        // A row radius no answer row can pass: the k-th distance of the disjoint rows (exact),
-        // lowered by the sharing rows' k-th upper bound where the first pass finds one.
-        let disjoint_kth = |l: usize, k: usize| match disjoint[l].len() {
-            n if n == k && k > 0 => disjoint[l][k - 1].0,
+        let kth = |row: &[(f64, u32)], k: usize| match row.len() {
+            n if n == k && k > 0 => row[k - 1].0,
             _ => f64::INFINITY,
         };
-        let row_radius: Option<Vec<f64>> = match selection {
+        // Each row's radius for the candidate pass (the k-th distance of rows found so far, or
+        // an upper bound on the k-th), and the rows that still need it.
+        let mut first_pairs = 0;
+        let (row_radius, active_rows): (Option<Vec<f64>>, Option<Vec<bool>>) = match selection {
+            Selection::Nearest(k) if k <= MAX_DEVICE_K && shared_only => {
+                let wide = (2 * k).max(k + 16).min(MAX_DEVICE_K);
+                let lower = self.probe_locked(
+                    inner,
+                    left,
+                    Selection::Nearest(wide),
+                    options,
+                    cancel,
+                    stats,
+                    Bounds {
+                        mode: 2,
+                        row_radius: None,
+                        shared_only,
+                        active_rows: None,
+                    },
+                )?;
+                first_pairs = lower.len();
+                let starts = left_row_starts(&lower.left, left.len());
+                let (radius, open): (Vec<f64>, Vec<bool>) = rows
+                    .par_iter_mut()
+                    .enumerate()
+                    .map(|(l, row)| {
+                        let range = starts[l]..starts[l + 1];
+                        add_exact(&exact, left, l, &lower.right[range.clone()], row);
+                        keep_answer(row, selection);
+                        let d = kth(row, k);
+                        // Rows left out have lower bounds at least the largest one kept.
+                        let last = lower.distance[range.clone()]
+                            .iter()
+                            .fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+                        let done = range.len() < wide || last > d;
+                        (d, !done)
+                    })
+                    .unzip();
+                if !open.contains(&true) {
+                    let timing = [disjoint_done, started.elapsed().as_secs_f64()];
+                    log_certified(left.len(), lower.len(), (0, 0), &rows, started, timing);
+                    return Ok(into_pairs(rows));
+                }
+                (Some(radius), Some(open))
+            }
             Selection::Nearest(k) if k <= MAX_DEVICE_K => {
                 let upper = self.probe_locked(
                     inner,
@@ -693,33 +824,29 @@ impl GpuIndex {
                         mode: 1,
                         row_radius: None,
                         shared_only,
+                        active_rows: None,
                     },
                 )?;
-                // Rows with fewer than k candidates keep every one (an infinite radius).
-                let mut kth: Vec<f64> = (0..left.len()).map(|l| disjoint_kth(l, k)).collect();
-                let mut i = 0;
-                while i < upper.len() {
-                    let l = upper.left[i] as usize;
-                    let start = i;
-                    while i < upper.len() && upper.left[i] as usize == l {
-                        i += 1;
-                    }
-                    if i - start == k {
-                        kth[l] = kth[l].min(upper.distance[i - 1]);
-                    }
-                }
-                Some(kth)
+                first_pairs = upper.len();
+                let starts = left_row_starts(&upper.left, left.len());
+                let radius = (0..left.len())
+                    .map(|l| match starts[l + 1] - starts[l] {
+                        n if n == k => upper.distance[starts[l + 1] - 1],
+                        _ => f64::INFINITY,
+                    })
+                    .collect();
+                (Some(radius), None)
             }
             Selection::Nearest(k) if shared_only => {
-                Some((0..left.len()).map(|l| disjoint_kth(l, k)).collect())
+                (Some(rows.iter().map(|row| kth(row, k)).collect()), None)
             }
-            Selection::Nearest(_) | Selection::Within(_) => None,
+            Selection::Nearest(_) | Selection::Within(_) => (None, None),
         };
         let within = match selection {
             Selection::Nearest(_) => f64::INFINITY,
             Selection::Within(radius) => radius,
         };
-        let upper_done = started.elapsed().as_secs_f64();
+        let first_done = started.elapsed().as_secs_f64();
         let candidates = self.probe_locked(
             inner,
             left,
@@ -731,18 +858,12 @@ impl GpuIndex {
                 mode: 2,
                 row_radius: row_radius.as_deref(),
                 shared_only,
+                active_rows: active_rows.as_deref(),
             },
         )?;
         cancel.check()?;
-        let exact_started = std::time::Instant::now();
-        // Candidates, in no order, grouped by left row (a counting sort): one task per row.
-        let mut starts = vec![0usize; left.len() + 1];
-        for &l in &candidates.left {
-            starts[l as usize + 1] += 1;
-        }
-        for l in 0..left.len() {
-            starts[l + 1] += starts[l];
-        }
+        // Candidates come in no order: grouped by left row with a counting sort.
+        let starts = left_row_starts(&candidates.left, left.len());
         let mut fill = starts.clone();
         let mut by_left = vec![0u32; candidates.len()];
         for (&l, &j) in candidates.left.iter().zip(&candidates.right) {
@@ -751,56 +872,14 @@ impl GpuIndex {
         }
         let found = candidates.len();
         drop(candidates);
-        let rows: Vec<Vec<(f64, u32)>> = disjoint
-            .into_par_iter()
-            .enumerate()
-            .map(|(l, mut row)| {
-                let candidates = &by_left[starts[l]..starts[l + 1]];
-                if !candidates.is_empty() {
-                    let x = sorted_nonzeros(left.row(l));
-                    let x_one_sided = exact.left_one_sided(&x);
-                    row.extend(
-                        candidates
-                            .iter()
-                            .map(|&j| (exact.distance(&x, x_one_sided, j as usize), j)),
-                    );
-                }
-                // A row can come from both sides only through a column the kernels saw and the
-                // exact rows do not (an explicit zero); it has one distance either way.
-                match selection {
-                    Selection::Nearest(k) => {
-                        row.sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                        row.dedup();
-                        row.truncate(k);
-                    }
-                    Selection::Within(radius) => {
-                        row.retain(|&(d, _)| d <= radius);
-                        row.sort_unstable_by_key(|e| e.1);
-                        row.dedup();
-                    }
-                }
-                row
-            })
-            .collect();
-        let mut out = PairList::default();
-        for (l, row) in rows.into_iter().enumerate() {
-            for (d, j) in row {
-                out.push(l as u32, j, d);
-            }
-        }
-        // How tight the bounds were (a candidate costs a merge of two rows on the host).
-        log::debug!(
-            "certified: {} left rows, {} candidates, {} kept; rows sharing no column {:.3} s, upper \
-             bounds {:.3} s, candidates {:.3} s, exact step {:.3} s",
-            left.len(),
-            found,
-            out.len(),
-            disjoint_done,
-            upper_done - disjoint_done,
-            (exact_started - started).as_secs_f64() - upper_done,
-            exact_started.elapsed().as_secs_f64()
-        );
-        Ok(out)
+        rows.par_iter_mut().enumerate().for_each(|(l, row)| {
+            add_exact(&exact, left, l, &by_left[starts[l]..starts[l + 1]], row);
+            keep_answer(row, selection);
+        });
+        let second_rows = active_rows.map_or(left.len(), |a| a.iter().filter(|&&o| o).count());
+        let timing = [disjoint_done, first_done];
+        log_certified(left.len(), first_pairs, (second_rows, found), &rows, started, timing);
+        Ok(into_pairs(rows))
     }
 
     /// The end of the left chunk that starts at `r0`: its upload and outputs fit `budget`.
