@@ -689,7 +689,12 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
             )
             .unwrap();
             let radius = {
-                let c = cpu::probe(&cpu_index, &left, Selection::Nearest(40), Default::default());
+                let c = cpu::probe(
+                    &cpu_index,
+                    &left,
+                    Selection::Nearest(40),
+                    Default::default(),
+                );
                 let mut ds = c.distance.clone();
                 ds.sort_by(|a, b| a.total_cmp(b));
                 ds[ds.len() / 2]

@@ -384,7 +384,16 @@ impl GpuIndex {
         let budget = options.memory_limit.unwrap_or(free / 10 * 8);
         let layout = Layout::of(&device, right, s, budget);
         let started = std::time::Instant::now();
-        let host_parts = layout.prepare(right, s);
+        // A certified metric's exact rows are host work: built beside the prepare and upload.
+        let (exact, host_parts) = rayon::join(
+            || {
+                layout
+                    .program
+                    .certified
+                    .then(|| Arc::new(ExactRows::new(*s, right)))
+            },
+            || layout.prepare(right, s),
+        );
         let prepared = started.elapsed();
         let parts = host_parts.len();
         let parts_meta = host_parts
@@ -402,10 +411,6 @@ impl GpuIndex {
             started.elapsed() - prepared,
             stats.bytes_to_device
         );
-        let exact = layout
-            .program
-            .certified
-            .then(|| Arc::new(ExactRows::new(*s, right)));
         Ok(Self::assemble(
             device, right, layout, parts_meta, exact, uploaded, stats,
         ))
@@ -443,8 +448,16 @@ impl GpuIndex {
             return Ok(None);
         }
         let started = std::time::Instant::now();
-        let part = layout
-            .prepare(right, s)
+        let (exact, mut parts) = rayon::join(
+            || {
+                layout
+                    .program
+                    .certified
+                    .then(|| Arc::new(ExactRows::new(*s, right)))
+            },
+            || layout.prepare(right, s),
+        );
+        let part = parts
             .pop()
             .expect("a layout of one range prepares one part");
         let prepared = started.elapsed();
@@ -475,10 +488,6 @@ impl GpuIndex {
             devices.len(),
             started.elapsed() - prepared
         );
-        let exact = layout
-            .program
-            .certified
-            .then(|| Arc::new(ExactRows::new(*s, right)));
         let parts_meta = vec![(part.first_row, part.rows, part.ntiles)];
         let mut replicas = Vec::with_capacity(devices.len());
         for (d, up) in devices.iter().zip(uploads) {
@@ -577,6 +586,44 @@ impl GpuIndex {
         if selection == Selection::Nearest(0) || left.is_empty() || self.rows == 0 {
             return Ok((PairList::default(), GpuStats::default()));
         }
+        let mut probe_stats = GpuStats::default();
+        let result = match selection {
+            // Takes the device between its host steps (other probes' kernels run meanwhile).
+            _ if self.exact.is_some() => {
+                self.probe_certified(left, selection, options, cancel, &mut probe_stats)
+            }
+            Selection::Nearest(k) if k > MAX_DEVICE_K => self.with_device(|inner| {
+                self.probe_large_k(inner, left, k, options, cancel, &mut probe_stats)
+            }),
+            _ => self.with_device(|inner| {
+                self.probe_locked(
+                    inner,
+                    left,
+                    selection,
+                    options,
+                    cancel,
+                    &mut probe_stats,
+                    Bounds::NONE,
+                )
+            }),
+        };
+        let mut inner = self
+            .inner
+            .lock()
+            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
+        inner.stats.bytes_to_device += probe_stats.bytes_to_device;
+        inner.stats.kernel_nanos += probe_stats.kernel_nanos;
+        inner.stats.peak_device_bytes = inner
+            .stats
+            .peak_device_bytes
+            .max(probe_stats.peak_device_bytes);
+        record_process_stats(&probe_stats);
+        result.map(|pairs| (pairs, probe_stats))
+    }
+
+    /// Runs `f` holding this index (probes of one index take turns) and its device, with the
+    /// device's context bound to this thread.
+    fn with_device<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
         let mut inner = self
             .inner
             .lock()
@@ -590,37 +637,7 @@ impl GpuIndex {
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the CUDA context"))?;
-        let mut probe_stats = GpuStats::default();
-        let result = match selection {
-            _ if self.exact.is_some() => self.probe_certified(
-                &mut inner,
-                left,
-                selection,
-                options,
-                cancel,
-                &mut probe_stats,
-            ),
-            Selection::Nearest(k) if k > MAX_DEVICE_K => {
-                self.probe_large_k(&mut inner, left, k, options, cancel, &mut probe_stats)
-            }
-            _ => self.probe_locked(
-                &mut inner,
-                left,
-                selection,
-                options,
-                cancel,
-                &mut probe_stats,
-                Bounds::NONE,
-            ),
-        };
-        inner.stats.bytes_to_device += probe_stats.bytes_to_device;
-        inner.stats.kernel_nanos += probe_stats.kernel_nanos;
-        inner.stats.peak_device_bytes = inner
-            .stats
-            .peak_device_bytes
-            .max(probe_stats.peak_device_bytes);
-        record_process_stats(&probe_stats);
-        result.map(|pairs| (pairs, probe_stats))
+        f(&mut inner)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -735,7 +752,6 @@ impl GpuIndex {
     /// enter, and the row is done. Only the other rows run the candidate pass, within D.
     fn probe_certified(
         &self,
-        inner: &mut Inner,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
@@ -773,20 +789,22 @@ impl GpuIndex {
         let (row_radius, active_rows): (Option<Vec<f64>>, Option<Vec<bool>>) = match selection {
             Selection::Nearest(k) if k <= MAX_DEVICE_K && shared_only => {
                 let wide = (2 * k).max(k + 16).min(MAX_DEVICE_K);
-                let lower = self.probe_locked(
-                    inner,
-                    left,
-                    Selection::Nearest(wide),
-                    options,
-                    cancel,
-                    stats,
-                    Bounds {
-                        mode: 2,
-                        row_radius: None,
-                        shared_only,
-                        active_rows: None,
-                    },
-                )?;
+                let lower = self.with_device(|inner| {
+                    self.probe_locked(
+                        inner,
+                        left,
+                        Selection::Nearest(wide),
+                        options,
+                        cancel,
+                        stats,
+                        Bounds {
+                            mode: 2,
+                            row_radius: None,
+                            shared_only,
+                            active_rows: None,
+                        },
+                    )
+                })?;
                 first_pairs = lower.len();
                 let starts = left_row_starts(&lower.left, left.len());
                 let (radius, open): (Vec<f64>, Vec<bool>) = rows
@@ -813,20 +831,22 @@ impl GpuIndex {
                 (Some(radius), Some(open))
             }
             Selection::Nearest(k) if k <= MAX_DEVICE_K => {
-                let upper = self.probe_locked(
-                    inner,
-                    left,
-                    selection,
-                    options,
-                    cancel,
-                    stats,
-                    Bounds {
-                        mode: 1,
-                        row_radius: None,
-                        shared_only,
-                        active_rows: None,
-                    },
-                )?;
+                let upper = self.with_device(|inner| {
+                    self.probe_locked(
+                        inner,
+                        left,
+                        selection,
+                        options,
+                        cancel,
+                        stats,
+                        Bounds {
+                            mode: 1,
+                            row_radius: None,
+                            shared_only,
+                            active_rows: None,
+                        },
+                    )
+                })?;
                 first_pairs = upper.len();
                 let starts = left_row_starts(&upper.left, left.len());
                 let radius = (0..left.len())
@@ -847,20 +867,22 @@ impl GpuIndex {
             Selection::Within(radius) => radius,
         };
         let first_done = started.elapsed().as_secs_f64();
-        let candidates = self.probe_locked(
-            inner,
-            left,
-            Selection::Within(within),
-            options,
-            cancel,
-            stats,
-            Bounds {
-                mode: 2,
-                row_radius: row_radius.as_deref(),
-                shared_only,
-                active_rows: active_rows.as_deref(),
-            },
-        )?;
+        let candidates = self.with_device(|inner| {
+            self.probe_locked(
+                inner,
+                left,
+                Selection::Within(within),
+                options,
+                cancel,
+                stats,
+                Bounds {
+                    mode: 2,
+                    row_radius: row_radius.as_deref(),
+                    shared_only,
+                    active_rows: active_rows.as_deref(),
+                },
+            )
+        })?;
         cancel.check()?;
         // Candidates come in no order: grouped by left row with a counting sort.
         let starts = left_row_starts(&candidates.left, left.len());
@@ -878,7 +900,14 @@ impl GpuIndex {
         });
         let second_rows = active_rows.map_or(left.len(), |a| a.iter().filter(|&&o| o).count());
         let timing = [disjoint_done, first_done];
-        log_certified(left.len(), first_pairs, (second_rows, found), &rows, started, timing);
+        log_certified(
+            left.len(),
+            first_pairs,
+            (second_rows, found),
+            &rows,
+            started,
+            timing,
+        );
         Ok(into_pairs(rows))
     }
 

@@ -15,8 +15,8 @@ mod exact;
 pub mod math;
 
 pub use catalog::*;
-pub use exact::ExactRows;
 pub use define::{KeyForm, Params, Reduction, RowTotals, Semiring, Source};
+pub use exact::ExactRows;
 
 use std::fmt;
 use std::str::FromStr;
