@@ -221,6 +221,24 @@ __device__ __forceinline__ double fixed_scale(double bound, int deg) {
     return ldexp(1.0, 62 - e);
 }
 
+// A max over the union (chebyshev) from the inverted lists: the largest |x - y| over the shared
+// columns (`shared_max`), and the largest |x| over the left row's columns the right row lacks,
+// which is the left row's first entry, by |x| descending, whose rank bit is not set in
+// `ranks` (low word), likewise the right row's (high word); `top` holds each row's TOP_VALUES
+// largest |values|, descending, zero past the row's end (so a row whose every entry is shared
+// gives 0). When a row's 32 largest are all shared, its part is only known to be within
+// [0, top[32]]: the lower (or with `upper`, the upper) end is taken; the host computes such
+// pairs exactly (src/gpu/index.rs, the certified path).
+__device__ __forceinline__ double max_pair(double shared_max, u64 ranks, const float* l_top,
+                                           const float* r_top, bool upper) {
+    const u32 mx = (u32)ranks, my = (u32)(ranks >> 32);
+    const int tx = mx == 0xffffffffu ? 32 : __ffs(~mx) - 1;
+    const int ty = my == 0xffffffffu ? 32 : __ffs(~my) - 1;
+    const double ax = (tx < 32 || upper) ? (double)l_top[tx] : 0.0;
+    const double ay = (ty < 32 || upper) ? (double)r_top[ty] : 0.0;
+    return fmax(shared_max, fmax(ax, ay));
+}
+
 // Adds `term` (scaled) to a fixed-point accumulator; flags a term beyond the bound. With `cbits`
 // > 0 the sum sits above the low `cbits` bits, which count the terms added: a pair of rows sharing
 // no column is told apart in the same atomic (the scale was lowered by 2^cbits to leave room, and
@@ -259,9 +277,13 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const u64 r_cap = a.r_cap;
     extern __shared__ __align__(16) unsigned char smem[];
     const int B = blockDim.x;
-    const bool TWO = MetricDef::TWO;
+    // A max (chebyshev) keeps per pair the largest shared |x - y| (acc0, a double's bits: their
+    // order is the order of non-negative doubles) and which of both rows' 32 largest entries
+    // are shared (acc1: a bit per rank, the left row's low, the right row's high); see `max_pair`.
+    const bool MAXRED = METRIC_REDUCTION_MAX;
+    const bool TWO = MetricDef::TWO || MAXRED;
     // Shared memory: acc0[tile] (acc1[tile]) | cand_key[cap] cand_row[cap] (knn) |
-    // seg_start[B] seg_off[B] seg_x[B]
+    // seg_start[B] seg_off[B] seg_x[B] seg_rank[B]
     long long* acc0 = (long long*)smem;
     long long* acc1 = acc0 + tile_rows;
     u64* cand_key = (u64*)(acc0 + (TWO ? 2 : 1) * tile_rows);
@@ -269,6 +291,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     u32* seg_start = cand_row + (RADIUS ? 0 : cap);
     u32* seg_off = seg_start + B;
     float* seg_x = (float*)(seg_off + B);
+    u32* seg_rank = (u32*)(seg_x + B);
     __shared__ u32 warp_sums[32];
     __shared__ double red[32];
     __shared__ int s_count;
@@ -318,11 +341,12 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
             __syncthreads();
             // Accumulate, a chunk of B left nonzeros at a time.
             for (int c0 = 0; c0 < deg; c0 += B) {
-                u32 len = 0, sstart = 0;
+                u32 len = 0, sstart = 0, rank = 255;
                 float x = 0.0f;
                 int e = c0 + threadIdx.x;
                 if (e < deg) {
                     x = l_val[start + e];
+                    if (MAXRED) rank = a.l_rank[start + e];
                     int col = x != 0.0f ? map_column(l_idx[start + e], col_mode, ncols, col_ids) : -1;
                     if (col >= 0) {
                         const u32* tp = tile_ptr + (size_t)col * (ntiles + 1) + t;
@@ -335,6 +359,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 seg_start[threadIdx.x] = sstart;
                 seg_off[threadIdx.x] = off;
                 seg_x[threadIdx.x] = x;
+                seg_rank[threadIdx.x] = rank;
                 __syncthreads();
                 const int nseg = min(B, deg - c0);
                 // Work item q of the flattened chunk: its segment is the last with seg_off <= q
@@ -350,8 +375,18 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     u32 pos = seg_start[lo] + (q - seg_off[lo]);
                     int j = (int)col_rows[pos] - tile_first;
                     const double x = seg_x[lo], y = col_vals[pos];
-                    fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow, cbits);
-                    if (TWO) fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1, a.overflow);
+                    if (MAXRED) {
+                        const double term = MetricDef::pair0(x, y, prm);
+                        atomicMax((unsigned long long*)&acc0[j],
+                                  (unsigned long long)__double_as_longlong(term));
+                        const u32 rx = seg_rank[lo], ry = a.col_ranks[pos];
+                        const u64 bits = (rx < 32 ? 1ull << rx : 0ull)
+                                         | (ry < 32 ? 1ull << (32 + ry) : 0ull);
+                        if (bits) atomicOr((unsigned long long*)&acc1[j], bits);
+                    } else {
+                        fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow, cbits);
+                        if (TWO) fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1, a.overflow);
+                    }
                 }
                 __syncthreads();
             }
@@ -368,8 +403,12 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                         const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
                                            MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
                         double s0 = (double)raw0 / scale0;
-                        const double s1 = TWO ? (double)acc1[jj] / scale1 : 0.0;
-                        if (a.bound_mode != 0) {
+                        const double s1 = TWO && !MAXRED ? (double)acc1[jj] / scale1 : 0.0;
+                        if (MAXRED) {
+                            s0 = max_pair(__longlong_as_double(acc0[jj]), (u64)acc1[jj],
+                                          a.l_top + (size_t)w * TOP_VALUES,
+                                          a.r_top + (size_t)j * TOP_VALUES, a.bound_mode == 1);
+                        } else if (a.bound_mode != 0) {
                             // The folded sum's rounding, bounded as in src/cpu/certified.rs (n
                             // terms, each within a few ulps of its parts, whose sum is at most
                             // |acc| + 2(L + R)), plus the fixed-point rounding of each term.

@@ -636,7 +636,8 @@ fn replicas_split_the_left_rows_and_match_one_index() {
 }
 
 /// The certified metrics leave the pairs that share no column to the host (found from the rows'
-/// one-sided sums). On rows like ratings (mostly one to three columns, counts in the thousands
+/// one-sided sums); chebyshev's max comes from the inverted lists with bounds, exact but where
+/// a row's 32 largest entries are all shared (near copies below). On rows like ratings (mostly one to three columns, counts in the thousands
 /// beside small ones, so thousands of rows share no column with a left row and tie exactly) the
 /// GPU's answer is the CPU's, row for row and bit for bit: knn below and above the device's k,
 /// radius joins, exclude_self, null and empty rows, one part or several.
@@ -647,7 +648,7 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(11);
-    let rows: Vec<Option<Vec<(i32, f32)>>> = (0..6000)
+    let mut rows: Vec<Option<Vec<(i32, f32)>>> = (0..6000)
         .map(|r| {
             if r % 211 == 3 {
                 return None;
@@ -669,12 +670,21 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
             )
         })
         .collect();
+    // Near copies of long rows (one value changed): every one of their largest entries is
+    // shared, where a max's bounds are not exact.
+    for r in (100..6000).step_by(50) {
+        if let Some(mut copy) = rows[r - 37].clone().filter(|row| row.len() > 40) {
+            copy[3].1 += 1.0;
+            rows[r] = Some(copy);
+        }
+    }
     let right = batch(&rows);
     let left = batch(&rows[..700]);
     for kind in [
         MetricKind::Minkowski,
         MetricKind::Hellinger,
         MetricKind::JensenShannon,
+        MetricKind::Chebyshev,
     ] {
         let m = metric(kind, 800);
         let cpu_index = CpuIndex::build(&right, &m);

@@ -90,6 +90,13 @@ kernel_args! {
         tile_ptr: DevPtr = "const u32*",
         col_rows: DevPtr = "const u32*",
         col_vals: DevPtr = "const float*",
+        /// A max (chebyshev): each right entry's rank in its row by |y| descending (255 from
+        /// there on), and each right row's TOP_VALUES largest |y| (see `max_pair` in knn.cu);
+        /// the same for the left chunk (ranks per entry, values per work row).
+        col_ranks: DevPtr = "const unsigned char*",
+        r_top: DevPtr = "const float*",
+        l_rank: DevPtr = "const unsigned char*",
+        l_top: DevPtr = "const float*",
         tile_rows: i32 = "int",
         ntiles: i32 = "int",
         p: f64 = "double",

@@ -736,20 +736,21 @@ impl GpuIndex {
         })
     }
 
-    /// A sum with an exact union term (minkowski, hellinger, jensenshannon), exactly: its folded
-    /// sum cancels for large, nearly equal values, so the kernels return bounds instead (the
-    /// folded sum shifted by its proven rounding error). For k nearest, a first pass finds each
-    /// left row's k-th smallest upper bound U; a second collects every right row whose lower
-    /// bound is within U (for a radius, within the radius): no row outside can be in the answer.
-    /// Those candidates are computed exactly over the union on the host and selected there.
+    /// A sum with an exact union term (minkowski, hellinger, jensenshannon) or a max over the
+    /// union (chebyshev), exactly: a folded sum cancels for large, nearly equal values, and a max
+    /// read from the inverted lists knows only which of each row's 32 largest entries are shared,
+    /// so the kernels return bounds instead (the folded sum shifted by its proven rounding error;
+    /// a max's are exact unless a row's 32 largest are all shared). Candidates are computed
+    /// exactly over the union on the host and selected there.
     ///
-    /// Where the metric allows it ([`ExactRows::finds_disjoint_rows`]), the kernels leave out the
-    /// pairs that share no column: the host finds a left row's nearest such rows exactly from the
-    /// rows' one-sided sums (such rows tie in large groups that any bound of nonzero width would
-    /// admit whole). k nearest then takes one pass: each left row's `wide` sharing rows of
-    /// smallest lower bound, computed exactly and merged with its disjoint rows, give an exact
-    /// k-th distance D; when the last of them has a lower bound above D, no row left out can
-    /// enter, and the row is done. Only the other rows run the candidate pass, within D.
+    /// k nearest: a first pass keeps each left row's `wide` rows of smallest (lower bound, row);
+    /// computed exactly, they give a k-th answer (D, row); when that comes before the last row
+    /// kept, no row left out can enter and the left row is done. Only the other rows run the
+    /// candidate pass: every right row whose lower bound is within D. A radius: the candidate
+    /// pass within the radius. Where the metric allows it ([`ExactRows::finds_disjoint_rows`]),
+    /// the kernels leave out the pairs that share no column: the host finds a left row's nearest
+    /// such rows exactly from the rows' one-sided sums (such rows tie in large groups that any
+    /// bound of nonzero width would admit whole).
     fn probe_certified(
         &self,
         left: &SparseBatch,
@@ -787,7 +788,7 @@ impl GpuIndex {
         // an upper bound on the k-th), and the rows that still need it.
         let mut first_pairs = 0;
         let (row_radius, active_rows): (Option<Vec<f64>>, Option<Vec<bool>>) = match selection {
-            Selection::Nearest(k) if k <= MAX_DEVICE_K && shared_only => {
+            Selection::Nearest(k) if k <= MAX_DEVICE_K => {
                 let wide = (2 * k).max(k + 16).min(MAX_DEVICE_K);
                 let lower = self.with_device(|inner| {
                     self.probe_locked(
@@ -814,13 +815,21 @@ impl GpuIndex {
                         let range = starts[l]..starts[l + 1];
                         add_exact(&exact, left, l, &lower.right[range.clone()], row);
                         keep_answer(row, selection);
-                        let d = kth(row, k);
-                        // Rows left out have lower bounds at least the largest one kept.
-                        let last = lower.distance[range.clone()]
-                            .iter()
-                            .fold(f64::NEG_INFINITY, |a, &b| a.max(b));
-                        let done = range.len() < wide || last > d;
-                        (d, !done)
+                        let kth = match row.len() {
+                            n if n == k => Some((row[k - 1].0, row[k - 1].1)),
+                            _ => None,
+                        };
+                        // Rows left out come after the last one kept in (lower bound, row)
+                        // order, so after the k-th answer when that one is before it: then none
+                        // can enter (ties included, where bounds are exact: a max's mostly are).
+                        let last = range
+                            .clone()
+                            .map(|i| (lower.distance[i], lower.right[i]))
+                            .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                        let done = range.len() < wide
+                            || matches!((kth, last), (Some(kth), Some(last))
+                                if kth.0.total_cmp(&last.0).then(kth.1.cmp(&last.1)).is_lt());
+                        (kth.map_or(f64::INFINITY, |d| d.0), !done)
                     })
                     .unzip();
                 if !open.contains(&true) {
@@ -829,33 +838,6 @@ impl GpuIndex {
                     return Ok(into_pairs(rows));
                 }
                 (Some(radius), Some(open))
-            }
-            Selection::Nearest(k) if k <= MAX_DEVICE_K => {
-                let upper = self.with_device(|inner| {
-                    self.probe_locked(
-                        inner,
-                        left,
-                        selection,
-                        options,
-                        cancel,
-                        stats,
-                        Bounds {
-                            mode: 1,
-                            row_radius: None,
-                            shared_only,
-                            active_rows: None,
-                        },
-                    )
-                })?;
-                first_pairs = upper.len();
-                let starts = left_row_starts(&upper.left, left.len());
-                let radius = (0..left.len())
-                    .map(|l| match starts[l + 1] - starts[l] {
-                        n if n == k => upper.distance[starts[l + 1] - 1],
-                        _ => f64::INFINITY,
-                    })
-                    .collect();
-                (Some(radius), None)
             }
             Selection::Nearest(k) if shared_only => {
                 (Some(rows.iter().map(|row| kth(row, k)).collect()), None)

@@ -26,8 +26,11 @@ pub struct MetricProgram {
     pub params: Params,
     /// Runs the union kernels (a max over the union: chebyshev), not the folded ones.
     pub union_form: bool,
-    /// A sum with an exact union term (minkowski, hellinger, jensenshannon): the folded kernels
-    /// bound each distance and the host computes the candidates exactly (`GpuIndex`).
+    /// A max over the union (chebyshev), run by the folded kernels from the inverted lists plus
+    /// each row's largest values and their ranks (see `max_pair` in kernels/knn.cu).
+    pub max_reduction: bool,
+    /// A sum with an exact union term (minkowski, hellinger, jensenshannon), or a max: the folded
+    /// kernels bound each distance and the host computes the candidates exactly (`GpuIndex`).
     pub certified: bool,
     pub similarity: bool,
     pub two_accumulators: bool,
@@ -39,8 +42,10 @@ impl MetricProgram {
             name: S::NAME,
             source: module_source::<S>(),
             params: s.params(),
-            union_form: S::REDUCTION == Reduction::Max,
-            certified: S::REDUCTION == Reduction::Sum && s.has_exact_term() && !S::SIMILARITY,
+            union_form: false,
+            max_reduction: S::REDUCTION == Reduction::Max,
+            certified: (S::REDUCTION == Reduction::Sum && s.has_exact_term() && !S::SIMILARITY)
+                || S::REDUCTION == Reduction::Max,
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
         }
@@ -57,14 +62,19 @@ impl MetricProgram {
 
     /// Accumulator bytes per right row of a tile (64-bit fixed point, see kernels/knn.cu).
     pub(crate) fn acc_bytes(&self) -> usize {
-        8 * (if self.two_accumulators { 2 } else { 1 })
+        8 * (if self.two_accumulators || self.max_reduction {
+            2
+        } else {
+            1
+        })
     }
 }
 
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
     format!(
-        "{PRELUDE}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n{}\n{}\n{}\n{KERNELS}",
+        super::prepare::TOP_VALUES,
         FoldedArgs::cuda_declaration(),
         UnionArgs::cuda_declaration(),
         cuda_definition::<S>()

@@ -10,7 +10,7 @@ use super::args::{FoldedArgs, UnionArgs};
 use super::device::{cuda_err, Device};
 use super::kernels::{MetricProgram, FOLDED_THREADS, UNION_THREADS};
 use super::memory::{addr, download, upload, zeros};
-use super::prepare::{union_left_rows, ColumnMap, DevPart};
+use super::prepare::{max_ranks, union_left_rows, ColumnMap, DevPart, TOP_VALUES};
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
 use crate::vector::SparseBatch;
@@ -29,7 +29,7 @@ pub(crate) fn cap_for(k: usize, threads: u32) -> usize {
 /// Bytes of shared memory the folded kernels use beside the accumulators: the top-k candidates
 /// (a 64-bit key and a 32-bit row each) and the per-thread segment scratch.
 pub(crate) fn folded_fixed_smem(k: usize) -> usize {
-    cap_for(k, FOLDED_THREADS) * 12 + FOLDED_THREADS as usize * 12
+    cap_for(k, FOLDED_THREADS) * 12 + FOLDED_THREADS as usize * 16
 }
 
 /// Everything a launch needs that does not change from chunk to chunk of one part.
@@ -158,6 +158,14 @@ impl PartLaunch<'_> {
         let d_idx = upload(device, &left.indices()[e0..e1], stats)?;
         let d_val = upload(device, &left.values()[e0..e1], stats)?;
         bytes += (off.len() + 2 * (e1 - e0)) as u64 * 4;
+        // A max: the left entries' ranks in their rows and each work row's largest values.
+        let (l_rank, l_top) = if program.max_reduction {
+            let (ranks, top) = left_max_ranks(left, r0, &work);
+            bytes += (ranks.len() + top.len() * 4) as u64;
+            (upload(device, &ranks, stats)?, upload(device, &top, stats)?)
+        } else {
+            (zeros::<u8>(device, 1)?, zeros::<f32>(device, 1)?)
+        };
         // The union kernels' own inputs: the left rows sorted by |x|, and a dense slot over the
         // right side's columns per block.
         let mut union_bufs = None;
@@ -250,7 +258,7 @@ impl PartLaunch<'_> {
                 let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * program.acc_bytes()
                     + if knn { cap * 12 } else { 0 }
-                    + FOLDED_THREADS as usize * 12) as u32;
+                    + FOLDED_THREADS as usize * 16) as u32;
                 let f = device.function(program, name, smem)?;
                 if log::log_enabled!(log::Level::Debug) {
                     log::debug!(
@@ -287,6 +295,10 @@ impl PartLaunch<'_> {
                     tile_ptr: addr(device, &self.part.tile_ptr),
                     col_rows: addr(device, &self.part.col_rows),
                     col_vals: addr(device, &self.part.col_vals),
+                    col_ranks: addr(device, &self.part.col_ranks),
+                    r_top: addr(device, &self.part.r_top),
+                    l_rank: addr(device, &l_rank),
+                    l_top: addr(device, &l_top),
                     tile_rows: tile_rows as i32,
                     ntiles: self.ntiles as i32,
                     p: prm.p,
@@ -388,4 +400,34 @@ impl PartLaunch<'_> {
         }
         Ok(Some(pairs))
     }
+}
+
+/// A max's left inputs for rows `r0..` of `left` (`work` relative to r0): each entry's rank in its
+/// row (aligned with the chunk's entries) and each work row's largest values (see `max_ranks`).
+fn left_max_ranks(left: &SparseBatch, r0: usize, work: &[i32]) -> (Vec<u8>, Vec<f32>) {
+    let r1 = r0 + work.iter().map(|&w| w as usize + 1).max().unwrap_or(0);
+    let base = left.offsets()[r0] as usize;
+    let end = left.offsets()[r1.max(r0)] as usize;
+    let mut ranks = vec![255u8; end - base];
+    let mut top = vec![0f32; work.len() * TOP_VALUES];
+    let mut per_row: Vec<(usize, &mut [u8])> = Vec::with_capacity(r1 - r0);
+    let mut rest = &mut ranks[..];
+    for r in r0..r1 {
+        let (row, tail) = rest.split_at_mut(left.row_len(r));
+        per_row.push((r, row));
+        rest = tail;
+    }
+    let tops: Vec<[f32; TOP_VALUES]> = per_row
+        .into_par_iter()
+        .map_init(Vec::new, |buffer, (r, out)| {
+            let mut row_top = [0f32; TOP_VALUES];
+            max_ranks(left.row(r).1, buffer, &mut row_top);
+            out.copy_from_slice(buffer);
+            row_top
+        })
+        .collect();
+    for (w, &in_chunk) in work.iter().enumerate() {
+        top[w * TOP_VALUES..(w + 1) * TOP_VALUES].copy_from_slice(&tops[in_chunk as usize]);
+    }
+    (ranks, top)
 }

@@ -52,6 +52,10 @@ pub(crate) struct HostPart {
     pub(crate) tile_ptr: Vec<u32>,
     pub(crate) col_rows: Vec<u32>,
     pub(crate) col_vals: Vec<f32>,
+    /// A max (chebyshev): each entry's rank in its row and each row's largest values
+    /// ([`max_ranks`]); empty otherwise.
+    pub(crate) col_ranks: Vec<u8>,
+    pub(crate) r_top: Vec<f32>,
     /// Chebyshev: column-sorted CSR with column ids.
     pub(crate) r_ptr: Vec<u32>,
     pub(crate) r_col: Vec<i32>,
@@ -66,6 +70,8 @@ impl HostPart {
             + self.tile_ptr.len() * 4
             + self.col_rows.len() * 4
             + self.col_vals.len() * 4
+            + self.col_ranks.len()
+            + self.r_top.len() * 4
             + self.r_ptr.len() * 4
             + self.r_col.len() * 4
             + self.r_val.len() * 4) as u64
@@ -80,6 +86,8 @@ pub(crate) struct DevPart {
     pub(crate) tile_ptr: CudaSlice<u32>,
     pub(crate) col_rows: CudaSlice<u32>,
     pub(crate) col_vals: CudaSlice<f32>,
+    pub(crate) col_ranks: CudaSlice<u8>,
+    pub(crate) r_top: CudaSlice<f32>,
     pub(crate) r_ptr: CudaSlice<u32>,
     pub(crate) r_col: CudaSlice<i32>,
     pub(crate) r_val: CudaSlice<f32>,
@@ -103,7 +111,8 @@ pub(crate) fn estimate_bytes(
         rows * 4 + nnz * 8 + rows / 8 + 64
     } else {
         let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
-        nnz * 8
+        nnz * if program.max_reduction { 9 } else { 8 }
+            + if program.max_reduction { rows * TOP_VALUES as u64 * 4 } else { 0 }
             + rows * 2 * program.acc_bytes() as u64
             + columns.len() as u64 * 4 * (ntiles + 1)
             + rows / 8
@@ -246,17 +255,38 @@ pub(crate) fn prepare_part(
     }
     part.col_rows = vec![0; nnz];
     part.col_vals = vec![0.0; nnz];
+    let max = program.max_reduction;
+    if max {
+        part.col_ranks = vec![0; nnz];
+        part.r_top = vec![0.0; rows * TOP_VALUES];
+    }
     {
         let rows_out = SharedOut(part.col_rows.as_mut_ptr());
         let vals_out = SharedOut(part.col_vals.as_mut_ptr());
+        let ranks_out = SharedOut(part.col_ranks.as_mut_ptr());
+        let top_out = SharedOut(part.r_top.as_mut_ptr());
         chunk_offsets
             .into_par_iter()
             .enumerate()
             .for_each(|(ch, mut fill)| {
                 let (rows_out, vals_out) = (&rows_out, &vals_out);
+                let (ranks_out, top_out) = (&ranks_out, &top_out);
+                let mut ranks = Vec::new();
+                let mut top = [0f32; TOP_VALUES];
                 for r in bounds[ch]..bounds[ch + 1] {
                     let (idx, val) = right.row(r);
-                    for (&c, &v) in idx.iter().zip(val) {
+                    if max {
+                        max_ranks(val, &mut ranks, &mut top);
+                        // SAFETY: row r's TOP_VALUES slots are this task's alone.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                top.as_ptr(),
+                                top_out.0.add((r - start) * TOP_VALUES),
+                                TOP_VALUES,
+                            );
+                        }
+                    }
+                    for (e, (&c, &v)) in idx.iter().zip(val).enumerate() {
                         if v != 0.0 {
                             let slot = &mut fill[columns.get(c).unwrap() as usize];
                             // SAFETY: (column, chunk) ranges are disjoint and inside the buffers
@@ -264,6 +294,9 @@ pub(crate) fn prepare_part(
                             unsafe {
                                 *rows_out.0.add(*slot as usize) = (r - start) as u32;
                                 *vals_out.0.add(*slot as usize) = v;
+                                if max {
+                                    *ranks_out.0.add(*slot as usize) = ranks[e];
+                                }
                             }
                             *slot += 1;
                         }
@@ -291,6 +324,27 @@ pub(crate) fn prepare_part(
     part
 }
 
+/// Largest |values| kept per row for a max (chebyshev): the kernels know which of a row's 32
+/// largest entries a pair shares; the 33rd bounds the rest (`max_pair` in kernels/knn.cu).
+pub(crate) const TOP_VALUES: usize = 33;
+
+/// A row's entries ranked by |value|, descending (ties by position; zeros are not ranked): `ranks`
+/// gets each entry's rank (255 from 255 on, and for zeros), `top` the TOP_VALUES largest |values|
+/// in rank order, zero past the row's nonzeros.
+pub(crate) fn max_ranks(values: &[f32], ranks: &mut Vec<u8>, top: &mut [f32; TOP_VALUES]) {
+    let mut order: Vec<usize> = (0..values.len()).filter(|&e| values[e] != 0.0).collect();
+    order.sort_by(|&a, &b| values[b].abs().total_cmp(&values[a].abs()).then(a.cmp(&b)));
+    ranks.clear();
+    ranks.resize(values.len(), 255);
+    *top = [0.0; TOP_VALUES];
+    for (rank, &e) in order.iter().enumerate() {
+        ranks[e] = rank.min(255) as u8;
+        if rank < TOP_VALUES {
+            top[rank] = values[e].abs();
+        }
+    }
+}
+
 /// A buffer that parallel tasks write at disjoint positions.
 struct SharedOut<T>(*mut T);
 // SAFETY: only used for writes to disjoint positions (see prepare_part).
@@ -308,6 +362,8 @@ pub(crate) fn upload_part(
         tile_ptr: upload(device, &host.tile_ptr, stats)?,
         col_rows: upload(device, &host.col_rows, stats)?,
         col_vals: upload(device, &host.col_vals, stats)?,
+        col_ranks: upload(device, &host.col_ranks, stats)?,
+        r_top: upload(device, &host.r_top, stats)?,
         r_ptr: upload(device, &host.r_ptr, stats)?,
         r_col: upload(device, &host.r_col, stats)?,
         r_val: upload(device, &host.r_val, stats)?,

@@ -48,9 +48,9 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let needs_rt0 = reads(&finish_text, &format!("{r}.t0"));
     let needs_rt1 = reads(&finish_text, &format!("{r}.t1"));
     let max = S::REDUCTION == Reduction::Max;
-    // Sum metrics with an exact term run the folded kernels (their exactness comes from the
-    // certified bounds, see src/gpu/index.rs); a max has no folded form.
-    let union = max;
+    // Every metric runs the folded kernels: sums with an exact term and maxes through the
+    // certified bounds (src/gpu/index.rs).
+    let union = false;
     let term = match src.exact_term {
         Some(([ex, ey, eprm], text)) => format!(
             "    __device__ static double term(double {ex}, double {ey}, const Params& {eprm}) \
@@ -120,7 +120,7 @@ mod tests {
         );
         let cheb = cuda_definition::<Chebyshev>();
         assert!(cheb.contains("METRIC_REDUCTION_MAX 1"), "{cheb}");
-        assert!(cheb.contains("METRIC_UNION 1"), "{cheb}");
+        assert!(cheb.contains("METRIC_UNION 0"), "{cheb}");
         assert!(
             cheb.contains("static double term(double x, double y"),
             "{cheb}"
