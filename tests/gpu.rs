@@ -688,7 +688,7 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
     ] {
         let m = metric(kind, 800);
         let cpu_index = CpuIndex::build(&right, &m);
-        for limit in [None, Some(1_000_000u64)] {
+        for limit in [None, Some(2_500_000u64)] {
             let gpu_index = GpuIndex::build(
                 &right,
                 &m,
@@ -698,6 +698,7 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
                 },
             )
             .unwrap();
+            eprintln!("{kind} limit={limit:?}: {} parts", gpu_index.parts());
             let radius = {
                 let c = cpu::probe(
                     &cpu_index,
