@@ -1,7 +1,9 @@
 // Exact kNN and radius joins over sparse vectors (CSR left batch against a resident right side),
 // generic over the metric: every formula comes from `MetricDef`, generated from src/metric.
 //
-// Folded metrics (sum reductions without an exact union term): one thread block per left row.
+// Every metric runs these folded kernels (sums, and chebyshev's max through `max_pair`; the sums
+// with an exact union term and the max return bounds, see src/gpu/index.rs): one thread block
+// per left row.
 // The right rows are cut into tiles of `tile_rows`; for each tile the block accumulates the folded
 // sum of every right row of the tile in shared memory, walking for each nonzero column of the
 // left row the part of that column's inverted list (CSC, row-sorted) that falls inside the tile.
@@ -189,7 +191,6 @@ __device__ __forceinline__ int map_column(int c, int col_mode, int ncols, const 
     return (lo < ncols && col_ids[lo] == c) ? lo : -1;
 }
 
-#if !METRIC_UNION
 template <int I> __device__ __forceinline__ double pair_term(double x, double y, const Params& prm) {
     return I == 0 ? MetricDef::pair0(x, y, prm) : MetricDef::pair1(x, y, prm);
 }
@@ -452,131 +453,3 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
 
 extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a); }
 extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
-#endif
-
-// Union metrics (a max over the union of supports: chebyshev), exact; a max has no folded form
-// (sums with an exact term run the folded kernels in bound mode instead, see src/gpu/index.rs).
-// MetricDef::term gives the term; a missing side is 0. One block per left row (the grid is
-// capped at the number of `dense` scratch slots). The left row is scattered into its block's slot
-// of a dense array over the right side's columns; each warp walks right rows (CSR, column-sorted):
-// shared columns give term(x, y), right-only ones term(0, y). Left-only columns: the largest is
-// the first entry of the left row's list sorted by |x| (descending, prepared with the batch) that
-// the right row lacks, so a warp tests 32 entries at a time by binary search in the right row and
-// stops at the first missing one. A max does not depend on the order it is taken in: the same
-// bits on every run.
-#if METRIC_UNION
-
-template <bool RADIUS> __device__ void union_body(const UnionArgs& a) {
-    const int* work = a.work;
-    const int nwork = a.nwork, n_right = a.n_right;
-    const long long self_first = a.self_first;
-    const int* ch_off = a.ch_off;
-    const int* ch_col = a.ch_col;
-    const float* ch_val = a.ch_val;
-    const u32* valid_bits = a.valid_bits;
-    const int ncols = a.ncols;
-    const u32* r_ptr = a.r_ptr;
-    const int* r_col = a.r_col;
-    const float* r_val = a.r_val;
-    float* dense = a.dense;
-    const Params prm = {a.p, a.d};
-    const Totals zero = {0.0, 0.0};
-    const int k = a.k, cap = a.cap;
-    const double radius = a.radius;
-    const u64 r_cap = a.r_cap;
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int B = blockDim.x;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = B >> 5;
-    // Shared memory: dist[B] | cand_key[cap] cand_row[cap] (knn)
-    double* dist_s = (double*)smem;
-    u64* cand_key = (u64*)(dist_s + B);
-    u32* cand_row = (u32*)(cand_key + (RADIUS ? 0 : cap));
-    __shared__ int s_count;
-    __shared__ u64 s_tau_key;
-    __shared__ u32 s_tau_row;
-    float* slot = dense + (size_t)blockIdx.x * ncols;
-
-    for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
-        const int row = work[w];
-        const int e0 = ch_off[w], e1 = ch_off[w + 1];
-        const long long self_row = self_first != NO_SELF ? self_first + row : -1;
-        for (int e = e0 + threadIdx.x; e < e1; e += B) {
-            int col = ch_col[e];
-            if (col >= 0) slot[col] = ch_val[e];
-        }
-        if (threadIdx.x == 0) {
-            s_count = 0;
-            s_tau_key = NO_KEY;
-            s_tau_row = NO_ROW;
-        }
-        __syncthreads();
-        for (int b0 = 0; b0 < n_right; b0 += B) {
-            const int chunk = min(B, n_right - b0);
-            for (int jj = warp; jj < chunk; jj += nwarps) {
-                const int j = b0 + jj;
-                const u32 p0 = r_ptr[j], p1 = r_ptr[j + 1];
-                double m = 0.0;
-                for (u32 q = p0 + lane; q < p1; q += 32) {
-                    m = fmax(m, MetricDef::term((double)slot[r_col[q]], (double)r_val[q], prm));
-                }
-                // Left-only columns.
-                for (int base = e0; base < e1; base += 32) {
-                    int e = base + lane;
-                    bool missing = false;
-                    if (e < e1) {
-                        int col = ch_col[e];
-                        missing = true;
-                        if (col >= 0) {
-                            u32 lo = p0, hi = p1;
-                            while (lo < hi) {
-                                u32 mid = (lo + hi) >> 1;
-                                if (r_col[mid] < col) lo = mid + 1; else hi = mid;
-                            }
-                            missing = !(lo < p1 && r_col[lo] == col);
-                        }
-                    }
-                    u32 ballot = __ballot_sync(0xffffffffu, missing);
-                    if (ballot) {
-                        int first = __ffs(ballot) - 1;
-                        if (lane == first) m = fmax(m, MetricDef::term((double)ch_val[e], 0.0, prm));
-                        break;
-                    }
-                }
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
-                if (lane == 0) dist_s[jj] = MetricDef::finish(m, 0.0, zero, zero, prm);
-            }
-            __syncthreads();
-            if (threadIdx.x < chunk) {
-                const int j = b0 + threadIdx.x;
-                if (row_valid(valid_bits, j) && (long long)j != self_row) {
-                    const double dist = dist_s[threadIdx.x];
-                    if (RADIUS) {
-                        radius_emit(dist, radius, row, j, a.r_counter, r_cap, a.r_left, a.r_right,
-                                    a.r_dist);
-                    } else {
-                        const u64 c = double_to_ordered(MetricDef::SIMILARITY ? -dist : dist);
-                        topk_offer(cand_key, cand_row, &s_count, s_tau_key, s_tau_row, c, (u32)j);
-                    }
-                }
-            }
-            __syncthreads();
-            if (!RADIUS && s_count > cap - B)
-                topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
-        }
-        if (!RADIUS) {
-            topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
-            topk_write(cand_key, cand_row, s_count, w, k, a.out_rows, a.out_dist, a.out_count);
-        }
-        // Clear the slot for the next left row.
-        for (int e = e0 + threadIdx.x; e < e1; e += B) {
-            int col = ch_col[e];
-            if (col >= 0) slot[col] = 0.0f;
-        }
-        __syncthreads();
-    }
-}
-
-extern "C" __global__ void union_knn(const UnionArgs a) { union_body<false>(a); }
-extern "C" __global__ void union_radius(const UnionArgs a) { union_body<true>(a); }
-#endif

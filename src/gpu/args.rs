@@ -114,37 +114,3 @@ kernel_args! {
         r_cap: u64 = "u64",
     }
 }
-
-kernel_args! {
-    /// The union kernels (`union_knn`, `union_radius`).
-    UnionArgs {
-        work: DevPtr = "const int*",
-        nwork: i32 = "int",
-        n_right: i32 = "int",
-        self_first: i64 = "long long",
-        /// Left rows: per work row, (column id or -1, x), largest |x| first.
-        ch_off: DevPtr = "const int*",
-        ch_col: DevPtr = "const int*",
-        ch_val: DevPtr = "const float*",
-        valid_bits: DevPtr = "const u32*",
-        ncols: i32 = "int",
-        r_ptr: DevPtr = "const u32*",
-        r_col: DevPtr = "const int*",
-        r_val: DevPtr = "const float*",
-        /// One dense slot over the right side's columns per block.
-        dense: DevPtr = "float*",
-        p: f64 = "double",
-        d: f64 = "double",
-        k: i32 = "int",
-        cap: i32 = "int",
-        out_rows: DevPtr = "u32*",
-        out_dist: DevPtr = "double*",
-        out_count: DevPtr = "int*",
-        radius: f64 = "double",
-        r_left: DevPtr = "u32*",
-        r_right: DevPtr = "u32*",
-        r_dist: DevPtr = "double*",
-        r_counter: DevPtr = "u64*",
-        r_cap: u64 = "u64",
-    }
-}

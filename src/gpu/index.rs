@@ -171,14 +171,10 @@ impl Layout {
 
     /// The parts as the kernels read them, on the host.
     fn prepare<S: Semiring>(&self, right: &SparseBatch, s: &S) -> Vec<HostPart> {
-        let totals: Vec<RowTotals> = if self.program.union_form {
-            Vec::new()
-        } else {
-            (0..right.len())
-                .into_par_iter()
-                .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
-                .collect()
-        };
+        let totals: Vec<RowTotals> = (0..right.len())
+            .into_par_iter()
+            .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
+            .collect();
         self.ranges
             .par_iter()
             .map(|&(a, b)| {
@@ -277,11 +273,8 @@ fn log_certified(
     );
 }
 
-/// Right rows per tile of the folded kernels on `device` (0 for the union form).
+/// Right rows per tile of the folded kernels on `device`.
 fn tile_rows(device: &Device, program: &MetricProgram) -> usize {
-    if program.union_form {
-        return 0;
-    }
     // Four blocks per SM: measured on an H200 (full self-joins, k=10), a quarter of the
     // SM's shared memory per block (8,448 float rows per tile) beat half of it (23,232
     // rows) by 1.5x on scrna and 1.25x on movielens: more warps in flight hide the

@@ -5,7 +5,7 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use datafusion::common::{exec_datafusion_err, Result};
 
-use super::args::{FoldedArgs, UnionArgs};
+use super::args::FoldedArgs;
 use crate::metric::cuda::cuda_definition;
 use crate::metric::{Params, Reduction, Semiring};
 
@@ -14,8 +14,6 @@ const KERNELS: &str = include_str!("../../kernels/knn.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
 pub(crate) const FOLDED_THREADS: u32 = 512;
-/// Threads per block of the union kernels.
-pub(crate) const UNION_THREADS: u32 = 256;
 
 /// What the GPU backend needs of a metric: its module source and the facts that size buffers.
 #[derive(Debug, Clone)]
@@ -24,8 +22,6 @@ pub struct MetricProgram {
     /// The whole translation unit NVRTC compiles (also the module cache key).
     pub source: String,
     pub params: Params,
-    /// Runs the union kernels (a max over the union: chebyshev), not the folded ones.
-    pub union_form: bool,
     /// A max over the union (chebyshev), run by the folded kernels from the inverted lists plus
     /// each row's largest values and their ranks (see `max_pair` in kernels/knn.cu).
     pub max_reduction: bool,
@@ -42,7 +38,6 @@ impl MetricProgram {
             name: S::NAME,
             source: module_source::<S>(),
             params: s.params(),
-            union_form: false,
             max_reduction: S::REDUCTION == Reduction::Max,
             certified: (S::REDUCTION == Reduction::Sum && s.has_exact_term() && !S::SIMILARITY)
                 || S::REDUCTION == Reduction::Max,
@@ -53,11 +48,7 @@ impl MetricProgram {
 
     /// The entry points of this module.
     pub fn kernel_names(&self) -> [&'static str; 2] {
-        if self.union_form {
-            ["union_knn", "union_radius"]
-        } else {
-            ["folded_knn", "folded_radius"]
-        }
+        ["folded_knn", "folded_radius"]
     }
 
     /// Accumulator bytes per right row of a tile (64-bit fixed point, see kernels/knn.cu).
@@ -73,10 +64,9 @@ impl MetricProgram {
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
         FoldedArgs::cuda_declaration(),
-        UnionArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }

@@ -6,11 +6,11 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use datafusion::common::{exec_err, Result};
 use rayon::prelude::*;
 
-use super::args::{FoldedArgs, UnionArgs};
+use super::args::FoldedArgs;
 use super::device::{cuda_err, Device};
-use super::kernels::{MetricProgram, FOLDED_THREADS, UNION_THREADS};
+use super::kernels::{MetricProgram, FOLDED_THREADS};
 use super::memory::{addr, download, upload, zeros};
-use super::prepare::{max_ranks, union_left_rows, ColumnMap, DevPart, TOP_VALUES};
+use super::prepare::{max_ranks, ColumnMap, DevPart, TOP_VALUES};
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
 use crate::vector::SparseBatch;
@@ -94,19 +94,13 @@ impl PartLaunch<'_> {
         let off = &left.offsets()[r0..=r1];
         let (e0, e1) = (off[0] as usize, off[r1 - r0] as usize);
         let prm = program.params;
-        let threads = if program.union_form {
-            UNION_THREADS
-        } else {
-            FOLDED_THREADS
-        };
         let (k, cap, radius) = match selection {
-            Selection::Nearest(k) => (k, cap_for(k, threads), 0.0),
+            Selection::Nearest(k) => (k, cap_for(k, FOLDED_THREADS), 0.0),
             Selection::Within(r) => (1, 1, r),
         };
         let knn = matches!(selection, Selection::Nearest(_));
         // Everything this chunk needs at least; over the budget, the caller halves the chunk.
         let entries = (e1 - e0) as u64;
-        let ncols_dense = self.columns.len().max(1) as u64;
         let needed = nwork as u64 * 4
             + (off.len() as u64 + 2 * entries) * 4
             + if knn {
@@ -114,8 +108,8 @@ impl PartLaunch<'_> {
             } else {
                 64 * 16 + 8
             }
-            + if program.union_form {
-                entries * 8 + (nwork as u64 + 1) * 4 + ncols_dense * 4
+            + if program.max_reduction {
+                entries + nwork as u64 * TOP_VALUES as u64 * 4
             } else {
                 0
             };
@@ -166,27 +160,6 @@ impl PartLaunch<'_> {
         } else {
             (zeros::<u8>(device, 1)?, zeros::<f32>(device, 1)?)
         };
-        // The union kernels' own inputs: the left rows sorted by |x|, and a dense slot over the
-        // right side's columns per block.
-        let mut union_bufs = None;
-        let mut dense_slots = 0;
-        if program.union_form {
-            let (ch_off, ch_col, ch_val) = union_left_rows(self.columns, left, r0, &work);
-            let ncols = self.columns.len().max(1);
-            let radius_bytes = if knn { 0 } else { r_cap * 16 + 8 };
-            let room = self.budget.saturating_sub(held + needed + radius_bytes) + ncols as u64 * 4;
-            dense_slots = ((room / (ncols as u64 * 4)) as usize)
-                .clamp(1, (device.sm_count * 8) as usize)
-                .min(nwork);
-            let dense = zeros::<f32>(device, dense_slots * ncols)?;
-            bytes += (dense_slots * ncols * 4 + ch_off.len() * 4 + ch_col.len() * 8) as u64;
-            union_bufs = Some((
-                upload(device, &ch_off, stats)?,
-                upload(device, &ch_col, stats)?,
-                upload(device, &ch_val, stats)?,
-                dense,
-            ));
-        }
         // The kernel reads col_ids only in sorted-column mode; it still needs a valid address.
         let dummy_ids;
         let col_ids = match self.col_ids {
@@ -211,50 +184,7 @@ impl PartLaunch<'_> {
                 .stream
                 .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
                 .map_err(cuda_err("recording an event"))?;
-            if let Some((ch_off, ch_col, ch_val, dense)) = &union_bufs {
-                let smem = (if knn { cap * 12 } else { 0 } + UNION_THREADS as usize * 8) as u32;
-                let f = device.function(program, name, smem)?;
-                let args = UnionArgs {
-                    work: addr(device, &d_work),
-                    nwork: nwork as i32,
-                    n_right: self.part_rows as i32,
-                    self_first,
-                    ch_off: addr(device, ch_off),
-                    ch_col: addr(device, ch_col),
-                    ch_val: addr(device, ch_val),
-                    valid_bits: addr(device, &self.part.valid_bits),
-                    ncols: self.columns.len() as i32,
-                    r_ptr: addr(device, &self.part.r_ptr),
-                    r_col: addr(device, &self.part.r_col),
-                    r_val: addr(device, &self.part.r_val),
-                    dense: addr(device, dense),
-                    p: prm.p,
-                    d: prm.d,
-                    k: k as i32,
-                    cap: cap as i32,
-                    out_rows: addr(device, &out_rows),
-                    out_dist: addr(device, &out_dist),
-                    out_count: addr(device, &out_count),
-                    radius,
-                    r_left: addr(device, &r_left),
-                    r_right: addr(device, &r_right),
-                    r_dist: addr(device, &r_dist),
-                    r_counter: addr(device, &r_counter),
-                    r_cap,
-                };
-                let cfg = LaunchConfig {
-                    grid_dim: (dense_slots as u32, 1, 1),
-                    block_dim: (UNION_THREADS, 1, 1),
-                    shared_mem_bytes: smem,
-                };
-                let mut b = device.stream.launch_builder(&f);
-                b.arg(&args);
-                // SAFETY: `UnionArgs` is the kernel's one parameter (its CUDA declaration is
-                // generated from the Rust struct, with offsets checked); every buffer is as long
-                // as the kernel indexes it (dense holds dense_slots × ncols, the grid), and all
-                // of them outlive the launch (the event below is waited on before they drop).
-                unsafe { b.launch(cfg) }.map_err(cuda_err("launching the union kernel"))?;
-            } else {
+            {
                 let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * program.acc_bytes()
                     + if knn { cap * 12 } else { 0 }
@@ -338,7 +268,7 @@ impl PartLaunch<'_> {
                 .map_err(cuda_err("timing the kernel"))?;
             stats.kernel_nanos += (ms as f64 * 1e6) as u64;
 
-            if !program.union_form && download(device, &overflow, 1)?[0] != 0 {
+            if download(device, &overflow, 1)?[0] != 0 {
                 return exec_err!(
                     "GPU: a pair term of metric {} exceeded the bound its fixed-point sums were \
                      scaled for (the definition's terms must be monotone in |y|)",

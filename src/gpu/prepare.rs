@@ -1,5 +1,5 @@
-//! The right side prepared on the host for the device (an inverted index cut in tiles, or rows
-//! for the union kernels), and the left rows as the union kernels want them.
+//! The right side prepared on the host for the device: an inverted index cut in tiles (and for a
+//! max, each row's largest values and every entry's rank in its row).
 
 use cudarc::driver::CudaSlice;
 use datafusion::common::Result;
@@ -56,10 +56,6 @@ pub(crate) struct HostPart {
     /// ([`max_ranks`]); empty otherwise.
     pub(crate) col_ranks: Vec<u8>,
     pub(crate) r_top: Vec<f32>,
-    /// Chebyshev: column-sorted CSR with column ids.
-    pub(crate) r_ptr: Vec<u32>,
-    pub(crate) r_col: Vec<i32>,
-    pub(crate) r_val: Vec<f32>,
 }
 
 impl HostPart {
@@ -71,10 +67,7 @@ impl HostPart {
             + self.col_rows.len() * 4
             + self.col_vals.len() * 4
             + self.col_ranks.len()
-            + self.r_top.len() * 4
-            + self.r_ptr.len() * 4
-            + self.r_col.len() * 4
-            + self.r_val.len() * 4) as u64
+            + self.r_top.len() * 4) as u64
     }
 }
 
@@ -88,9 +81,6 @@ pub(crate) struct DevPart {
     pub(crate) col_vals: CudaSlice<f32>,
     pub(crate) col_ranks: CudaSlice<u8>,
     pub(crate) r_top: CudaSlice<f32>,
-    pub(crate) r_ptr: CudaSlice<u32>,
-    pub(crate) r_col: CudaSlice<i32>,
-    pub(crate) r_val: CudaSlice<f32>,
     pub(crate) y_min: f64,
     pub(crate) y_max: f64,
     pub(crate) bytes: u64,
@@ -107,17 +97,18 @@ pub(crate) fn estimate_bytes(
 ) -> u64 {
     let rows = (end - start) as u64;
     let nnz = (right.offsets()[end] - right.offsets()[start]) as u64;
-    if program.union_form {
-        rows * 4 + nnz * 8 + rows / 8 + 64
+    let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
+    let max_extra = if program.max_reduction {
+        nnz + rows * TOP_VALUES as u64 * 4
     } else {
-        let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
-        nnz * if program.max_reduction { 9 } else { 8 }
-            + if program.max_reduction { rows * TOP_VALUES as u64 * 4 } else { 0 }
-            + rows * 2 * program.acc_bytes() as u64
-            + columns.len() as u64 * 4 * (ntiles + 1)
-            + rows / 8
-            + 64
-    }
+        0
+    };
+    nnz * 8
+        + max_extra
+        + rows * 2 * program.acc_bytes() as u64
+        + columns.len() as u64 * 4 * (ntiles + 1)
+        + rows / 8
+        + 64
 }
 
 fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
@@ -131,7 +122,7 @@ fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
 }
 
 /// Rows `start..end` of the right side, as the kernels of `program` read them; `totals` are the
-/// definition's totals of every right row (unused by union metrics).
+/// definition's totals of every right row.
 pub(crate) fn prepare_part(
     right: &SparseBatch,
     totals: &[RowTotals],
@@ -148,31 +139,6 @@ pub(crate) fn prepare_part(
         valid_bits: valid_bits(right, start, end),
         ..Default::default()
     };
-    if program.union_form {
-        part.r_ptr.reserve(rows + 1);
-        part.r_ptr.push(0);
-        for r in start..end {
-            let (idx, val) = right.row(r);
-            let mut entries: Vec<(i32, f32)> = idx
-                .iter()
-                .zip(val)
-                .filter(|(_, v)| **v != 0.0)
-                .map(|(&c, &v)| {
-                    (
-                        columns.get(c).expect("a column of the right side") as i32,
-                        v,
-                    )
-                })
-                .collect();
-            entries.sort_unstable_by_key(|e| e.0);
-            for (c, v) in entries {
-                part.r_col.push(c);
-                part.r_val.push(v);
-            }
-            part.r_ptr.push(part.r_col.len() as u32);
-        }
-        return part;
-    }
     part.rt0 = totals[start..end].iter().map(|t| t.t0).collect();
     part.rt1 = totals[start..end].iter().map(|t| t.t1).collect();
     let (o0, o1) = (
@@ -364,50 +330,10 @@ pub(crate) fn upload_part(
         col_vals: upload(device, &host.col_vals, stats)?,
         col_ranks: upload(device, &host.col_ranks, stats)?,
         r_top: upload(device, &host.r_top, stats)?,
-        r_ptr: upload(device, &host.r_ptr, stats)?,
-        r_col: upload(device, &host.r_col, stats)?,
-        r_val: upload(device, &host.r_val, stats)?,
         y_min: host.y_min,
         y_max: host.y_max,
         bytes: host.device_bytes(),
     })
-}
-
-/// The union kernels' left rows: per work row its nonzeros as (column id or -1, x),
-/// largest |x| first (the kernel takes the first one a right row lacks).
-pub(crate) fn union_left_rows(
-    columns: &ColumnMap,
-    left: &SparseBatch,
-    r0: usize,
-    work: &[i32],
-) -> (Vec<i32>, Vec<i32>, Vec<f32>) {
-    let rows: Vec<Vec<(i32, f32)>> = work
-        .par_iter()
-        .map(|&w| {
-            let (idx, val) = left.row(r0 + w as usize);
-            let mut v: Vec<(i32, f32)> = idx
-                .iter()
-                .zip(val)
-                .filter(|(_, x)| **x != 0.0)
-                .map(|(&c, &x)| (columns.get(c).map_or(-1, |c| c as i32), x))
-                .collect();
-            v.sort_by(|a, b| b.1.abs().total_cmp(&a.1.abs()));
-            v
-        })
-        .collect();
-    let mut ch_off = Vec::with_capacity(work.len() + 1);
-    ch_off.push(0i32);
-    let total: usize = rows.iter().map(|r| r.len()).sum();
-    let mut ch_col = Vec::with_capacity(total);
-    let mut ch_val = Vec::with_capacity(total);
-    for r in rows {
-        for (c, x) in r {
-            ch_col.push(c);
-            ch_val.push(x);
-        }
-        ch_off.push(ch_col.len() as i32);
-    }
-    (ch_off, ch_col, ch_val)
 }
 
 #[cfg(test)]

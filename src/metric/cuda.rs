@@ -21,7 +21,7 @@ fn reads(text: &str, what: &str) -> bool {
     })
 }
 
-/// The `MetricDef` struct (and `METRIC_UNION`, `METRIC_REDUCTION_MAX`) for `S`, ready to be placed between the
+/// The `MetricDef` struct (and `METRIC_REDUCTION_MAX`) for `S`, ready to be placed between the
 /// kernel prelude and the generic kernels.
 pub fn cuda_definition<S: Semiring>() -> String {
     let src = S::SOURCE;
@@ -48,9 +48,6 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let needs_rt0 = reads(&finish_text, &format!("{r}.t0"));
     let needs_rt1 = reads(&finish_text, &format!("{r}.t1"));
     let max = S::REDUCTION == Reduction::Max;
-    // Every metric runs the folded kernels: sums with an exact term and maxes through the
-    // certified bounds (src/gpu/index.rs).
-    let union = false;
     let term = match src.exact_term {
         Some(([ex, ey, eprm], text)) => format!(
             "    __device__ static double term(double {ex}, double {ey}, const Params& {eprm}) \
@@ -63,7 +60,6 @@ pub fn cuda_definition<S: Semiring>() -> String {
     };
     format!(
         "// Metric `{name}`, generated from its definition in src/metric (not written by hand).\n\
-         #define METRIC_UNION {union}\n\
          #define METRIC_REDUCTION_MAX {max}\n\
          struct MetricDef {{\n\
          \x20   static constexpr bool TWO = {two};\n\
@@ -83,7 +79,6 @@ pub fn cuda_definition<S: Semiring>() -> String {
          {term}\
          }};\n",
         name = S::NAME,
-        union = union as u8,
         max = max as u8,
         two = S::TWO_ACCUMULATORS,
         growth = S::ROUNDING_GROWTH,
@@ -112,7 +107,6 @@ mod tests {
     #[test]
     fn the_generated_text_is_the_definition() {
         let bc = cuda_definition::<BrayCurtis>();
-        assert!(bc.contains("METRIC_UNION 0"), "{bc}");
         assert!(bc.contains("TWO = true"), "{bc}");
         assert!(
             bc.contains("const double base = fabs(x) + fabs(y);"),
@@ -120,7 +114,6 @@ mod tests {
         );
         let cheb = cuda_definition::<Chebyshev>();
         assert!(cheb.contains("METRIC_REDUCTION_MAX 1"), "{cheb}");
-        assert!(cheb.contains("METRIC_UNION 0"), "{cheb}");
         assert!(
             cheb.contains("static double term(double x, double y"),
             "{cheb}"
