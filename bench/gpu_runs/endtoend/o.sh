@@ -20,3 +20,9 @@ for metric in cosine manhattan; do
   echo "$metric rc=$?" | tee -a $OUT/log.txt
   grep -E "Duration|Memory Throughput|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Shared Memory Configuration|Block Limit|Warp Cycles Per Issued|Issued Warp|No Eligible|Stall" $OUT/ncu_$metric.txt | head -40 | tee -a $OUT/log.txt
 done
+# Minkowski with p = 3 (the pow-free product path) beside p = 2 and cosine.
+for spec in "cosine:" "minkowski:p=3" "minkowski:" "chebyshev:"; do
+  metric=${spec%%:*}; opts=${spec#*:}
+  echo "bench $metric options=$opts" | tee -a $OUT/log.txt
+  timeout 60 /tmp/sparse-knn bench --input $f --metrics $metric --devices gpu -k 10 --repeat 2 --options "$opts" 2>&1 | grep -E "^gpu|rror" | tee -a $OUT/log.txt
+done
