@@ -583,7 +583,7 @@ impl GpuIndex {
         let result = match selection {
             // Takes the device between its host steps (other probes' kernels run meanwhile).
             _ if self.exact.is_some() => {
-                self.probe_certified(left, selection, options, cancel, &mut probe_stats)
+                self.probe_certified_in_steps(left, selection, options, cancel, &mut probe_stats)
             }
             Selection::Nearest(k) if k > MAX_DEVICE_K => self.with_device(|inner| {
                 self.probe_large_k(inner, left, k, options, cancel, &mut probe_stats)
@@ -886,6 +886,45 @@ impl GpuIndex {
         Ok(into_pairs(rows))
     }
 
+    /// Left rows whose pairs with every right row may be held at once.
+    fn rows_per_step_of_every_pair(&self) -> usize {
+        (self.budget / 4 / (self.rows.max(1) as u64 * 16)).clamp(1, 4096) as usize
+    }
+
+    /// [`GpuIndex::probe_certified`]; a k above the kernels' whose radius nothing bounds (no
+    /// disjoint rows found on the host: chebyshev) makes every pair a candidate, so the left rows
+    /// go a few at a time, as in [`GpuIndex::probe_large_k`].
+    fn probe_certified_in_steps(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+        stats: &mut GpuStats,
+    ) -> Result<PairList> {
+        let unbounded = matches!(selection, Selection::Nearest(k) if k > MAX_DEVICE_K)
+            && !self.exact.as_ref().is_some_and(|e| e.finds_disjoint_rows());
+        let step = self.rows_per_step_of_every_pair();
+        if !unbounded || left.len() <= step {
+            return self.probe_certified(left, selection, options, cancel, stats);
+        }
+        let mut out = PairList::default();
+        for r0 in (0..left.len()).step_by(step) {
+            let rows = step.min(left.len() - r0);
+            let part = self.probe_certified(
+                &left.slice(r0, rows),
+                selection,
+                options.shifted(r0),
+                cancel,
+                stats,
+            )?;
+            for i in 0..part.len() {
+                out.push(part.left[i] + r0 as u32, part.right[i], part.distance[i]);
+            }
+        }
+        Ok(out)
+    }
+
     /// The end of the left chunk that starts at `r0`: its upload and outputs fit `budget`.
     fn chunk_end(&self, left: &SparseBatch, r0: usize, selection: Selection, budget: u64) -> usize {
         let out_per_row = match selection {
@@ -929,9 +968,7 @@ impl GpuIndex {
         };
         let mut out = PairList::default();
         let mut topk = TopK::default();
-        // A few left rows at a time: their pairs with every right row are held at once.
-        let rows_per_step =
-            (self.budget / 4 / (self.rows.max(1) as u64 * 16)).clamp(1, 4096) as usize;
+        let rows_per_step = self.rows_per_step_of_every_pair();
         let mut r0 = 0;
         while r0 < left.len() {
             let r1 = (r0 + rows_per_step).min(left.len());
