@@ -228,15 +228,15 @@ __device__ __forceinline__ double fixed_scale(double bound, int deg) {
 // `ranks` (low word), likewise the right row's (high word); `top` holds each row's TOP_VALUES
 // largest |values|, descending, zero past the row's end (so a row whose every entry is shared
 // gives 0). When a row's 32 largest are all shared, its part is only known to be within
-// [0, top[32]]: the lower (or with `upper`, the upper) end is taken; the host computes such
-// pairs exactly (src/gpu/index.rs, the certified path).
+// [0, top[32]]: the lower end is taken; the host computes such pairs exactly (src/gpu/index.rs,
+// the certified path).
 __device__ __forceinline__ double max_pair(double shared_max, u64 ranks, const float* l_top,
-                                           const float* r_top, bool upper) {
+                                           const float* r_top) {
     const u32 mx = (u32)ranks, my = (u32)(ranks >> 32);
     const int tx = mx == 0xffffffffu ? 32 : __ffs(~mx) - 1;
     const int ty = my == 0xffffffffu ? 32 : __ffs(~my) - 1;
-    const double ax = (tx < 32 || upper) ? (double)l_top[tx] : 0.0;
-    const double ay = (ty < 32 || upper) ? (double)r_top[ty] : 0.0;
+    const double ax = tx < 32 ? (double)l_top[tx] : 0.0;
+    const double ay = ty < 32 ? (double)r_top[ty] : 0.0;
     return fmax(shared_max, fmax(ax, ay));
 }
 
@@ -322,7 +322,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         const double lt1 = block_reduce<false>(t1, red);
         // Bound modes that leave disjoint pairs to the host count each pair's shared columns in
         // the low bits of its accumulator (deg < 2^cbits).
-        const int cbits = (a.shared_only && a.bound_mode != 0) ? 32 - __clz(deg | 1) : 0;
+        const int cbits = (a.shared_only && a.lower_bounds) ? 32 - __clz(deg | 1) : 0;
         const double scale0 = ldexp(fixed_scale(block_reduce<true>(b0, red), deg), -cbits);
         const double scale1 = TWO ? fixed_scale(block_reduce<true>(b1, red), deg) : 1.0;
         if (threadIdx.x == 0) {
@@ -408,8 +408,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                         if (MAXRED) {
                             s0 = max_pair(__longlong_as_double(acc0[jj]), (u64)acc1[jj],
                                           a.l_top + (size_t)w * TOP_VALUES,
-                                          a.r_top + (size_t)j * TOP_VALUES, a.bound_mode == 1);
-                        } else if (a.bound_mode != 0) {
+                                          a.r_top + (size_t)j * TOP_VALUES);
+                        } else if (a.lower_bounds) {
                             // The folded sum's rounding, bounded as in src/cpu/certified.rs (n
                             // terms, each within a few ulps of its parts, whose sum is at most
                             // |acc| + 2(L + R)), plus the fixed-point rounding of each term.
@@ -417,7 +417,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                                                  * MetricDef::ROUNDING_GROWTH
                                                  * (fabs(s0) + 3.0 * (fabs(lt0) + fabs(rt0[j])))
                                              + (double)deg / scale0;
-                            s0 = a.bound_mode == 1 ? s0 + e : s0 - e;
+                            s0 -= e;
                         }
                         const double dist = MetricDef::finish(s0, s1, lt, rt, prm);
                         if (RADIUS) {

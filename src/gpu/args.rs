@@ -74,9 +74,10 @@ kernel_args! {
         y_max: f64 = "double",
         /// Set when a pair term exceeds its bound (the sums would be wrong).
         overflow: DevPtr = "u32*",
-        /// 0: distances as computed; 1: their upper and 2: their lower bound (the folded sum
-        /// shifted by its proven rounding error, see `certified` in src/gpu/index.rs).
-        bound_mode: i32 = "int",
+        /// 0: distances as computed; 1: their lower bounds (the folded sum shifted down by its
+        /// proven rounding error, or a max's lower end; see `probe_certified` in
+        /// src/gpu/index.rs).
+        lower_bounds: i32 = "int",
         /// The most nonzeros of one right row (in the rounding bound).
         max_row_len: i32 = "int",
         /// Bound modes: skip the pairs that share no column (the host takes those exactly from

@@ -64,11 +64,11 @@ pub struct GpuIndex {
     inner: Mutex<Inner>,
 }
 
-/// What the kernels return for a certified metric: distances (mode 0), or their upper (1) or
-/// lower (2) bounds; and for radius joins, a radius per left row.
+/// What the kernels return for a certified metric: distances, or their lower bounds; and for
+/// radius joins, a radius per left row.
 #[derive(Clone, Copy)]
 struct Bounds<'a> {
-    mode: i32,
+    lower: bool,
     row_radius: Option<&'a [f64]>,
     /// Leave out the pairs that share no column (their distances come from the host).
     shared_only: bool,
@@ -78,7 +78,7 @@ struct Bounds<'a> {
 
 impl Bounds<'_> {
     const NONE: Bounds<'static> = Bounds {
-        mode: 0,
+        lower: false,
         row_radius: None,
         shared_only: false,
         active_rows: None,
@@ -168,6 +168,22 @@ impl Layout {
             budget,
             ranges,
         }
+    }
+
+    /// [`Layout::prepare`], and a certified metric's exact rows (host work too) built beside it.
+    fn prepare_with_exact<S: Semiring>(
+        &self,
+        right: &SparseBatch,
+        s: &S,
+    ) -> (Option<Arc<ExactRows>>, Vec<HostPart>) {
+        rayon::join(
+            || {
+                self.program
+                    .certified
+                    .then(|| Arc::new(ExactRows::new(*s, right)))
+            },
+            || self.prepare(right, s),
+        )
     }
 
     /// The parts as the kernels read them, on the host.
@@ -378,16 +394,7 @@ impl GpuIndex {
         let budget = options.memory_limit.unwrap_or(free / 10 * 8);
         let layout = Layout::of(&device, right, s, budget);
         let started = std::time::Instant::now();
-        // A certified metric's exact rows are host work: built beside the prepare and upload.
-        let (exact, host_parts) = rayon::join(
-            || {
-                layout
-                    .program
-                    .certified
-                    .then(|| Arc::new(ExactRows::new(*s, right)))
-            },
-            || layout.prepare(right, s),
-        );
+        let (exact, host_parts) = layout.prepare_with_exact(right, s);
         let prepared = started.elapsed();
         let parts = host_parts.len();
         let parts_meta = host_parts
@@ -442,15 +449,7 @@ impl GpuIndex {
             return Ok(None);
         }
         let started = std::time::Instant::now();
-        let (exact, mut parts) = rayon::join(
-            || {
-                layout
-                    .program
-                    .certified
-                    .then(|| Arc::new(ExactRows::new(*s, right)))
-            },
-            || layout.prepare(right, s),
-        );
+        let (exact, mut parts) = layout.prepare_with_exact(right, s);
         let part = parts
             .pop()
             .expect("a layout of one range prepares one part");
@@ -676,7 +675,7 @@ impl GpuIndex {
                 tile_rows: self.tile_rows,
                 budget: self.budget,
                 held,
-                bound_mode: bounds.mode,
+                lower_bounds: bounds.lower,
                 max_row_len: self.max_row_len,
                 shared_only: bounds.shared_only,
                 row_radius: bounds.row_radius,
@@ -719,7 +718,7 @@ impl GpuIndex {
             // A certified metric's candidates (millions a probe, their lower bounds left on the
             // device: `distance` is empty): `probe_certified` groups them by left row itself and
             // needs no order within a row.
-            Selection::Within(_) if bounds.mode == 2 => {
+            Selection::Within(_) if bounds.lower => {
                 let mut all = PairList::default();
                 for part in per_part {
                     all.append(part);
@@ -793,7 +792,7 @@ impl GpuIndex {
                         cancel,
                         stats,
                         Bounds {
-                            mode: 2,
+                            lower: true,
                             row_radius: None,
                             shared_only,
                             active_rows: None,
@@ -809,10 +808,7 @@ impl GpuIndex {
                         let range = starts[l]..starts[l + 1];
                         add_exact(&exact, left, l, &lower.right[range.clone()], row);
                         keep_answer(row, selection);
-                        let kth = match row.len() {
-                            n if n == k => Some((row[k - 1].0, row[k - 1].1)),
-                            _ => None,
-                        };
+                        let answer_k = (row.len() == k).then(|| row[k - 1]);
                         // Rows left out come after the last one kept in (lower bound, row)
                         // order, so after the k-th answer when that one is before it: then none
                         // can enter (ties included, where bounds are exact: a max's mostly are).
@@ -821,9 +817,9 @@ impl GpuIndex {
                             .map(|i| (lower.distance[i], lower.right[i]))
                             .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
                         let done = range.len() < wide
-                            || matches!((kth, last), (Some(kth), Some(last))
-                                if kth.0.total_cmp(&last.0).then(kth.1.cmp(&last.1)).is_lt());
-                        (kth.map_or(f64::INFINITY, |d| d.0), !done)
+                            || matches!((answer_k, last), (Some(a), Some(last))
+                                if a.0.total_cmp(&last.0).then(a.1.cmp(&last.1)).is_lt());
+                        (answer_k.map_or(f64::INFINITY, |a| a.0), !done)
                     })
                     .unzip();
                 if !open.contains(&true) {
@@ -852,7 +848,7 @@ impl GpuIndex {
                 cancel,
                 stats,
                 Bounds {
-                    mode: 2,
+                    lower: true,
                     row_radius: row_radius.as_deref(),
                     shared_only,
                     active_rows: active_rows.as_deref(),

@@ -47,8 +47,8 @@ pub(crate) struct PartLaunch<'a> {
     /// The index's device memory budget, and what is already held of it.
     pub budget: u64,
     pub held: u64,
-    /// Distances, or their upper (1) or lower (2) bounds (certified metrics).
-    pub bound_mode: i32,
+    /// Lower bounds of the distances instead of the distances (certified metrics).
+    pub lower_bounds: bool,
     pub max_row_len: i32,
     /// Bound modes: pairs sharing no column are left out (the host computes those exactly).
     pub shared_only: bool,
@@ -215,7 +215,7 @@ impl PartLaunch<'_> {
                     y_min: self.part.y_min,
                     y_max: self.part.y_max,
                     overflow: addr(device, &overflow),
-                    bound_mode: self.bound_mode,
+                    lower_bounds: self.lower_bounds as i32,
                     max_row_len: self.max_row_len,
                     shared_only: self.shared_only as i32,
                     row_radius: d_radius.as_ref().map_or(0, |r| addr(device, r)),
@@ -319,7 +319,7 @@ impl PartLaunch<'_> {
             if first_right != 0 {
                 pairs.right.par_iter_mut().for_each(|r| *r += first_right);
             }
-            pairs.distance = if self.bound_mode == 2 {
+            pairs.distance = if self.lower_bounds {
                 // Candidates' lower bounds: the exact step computes every candidate's distance
                 // and reads only its rows, so the bounds stay on the device.
                 vec![0.0; 0]
