@@ -142,9 +142,23 @@ fn certified_row_impl<S: Semiring>(
                     }
                 }
             }
+            // The candidates: lower ends at or below the cut, found block by block too (a scan
+            // of every row's lower end one at a time took an eighth of a jensenshannon join).
             let cut = ws.uppers.filter_bound();
-            for j in (0..n).filter(|&j| bound(j).0 <= cut && keep(j)) {
-                ws.candidates.push((exact(j), j as u32));
+            for start in (0..n).step_by(BLOCK) {
+                let block = &mut block[..BLOCK.min(n - start)];
+                for (i, l) in block.iter_mut().enumerate() {
+                    *l = bound(start + i).0;
+                }
+                if !block.iter().fold(false, |any, &l| any | (l <= cut)) {
+                    continue;
+                }
+                for (i, &l) in block.iter().enumerate() {
+                    let j = start + i;
+                    if l <= cut && keep(j) {
+                        ws.candidates.push((exact(j), j as u32));
+                    }
+                }
             }
             ws.candidates
                 .sort_unstable_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));

@@ -108,7 +108,7 @@ fn folded_row_impl<S: Semiring>(
         let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
         s.finish(acc0[j], a1, &left_totals, &index.totals[j])
     };
-    let keep = |j: usize| index.valid[j] && skip != Some(j);
+    let keep = |j: usize| index.valid[j] & (skip != Some(j));
     match selection {
         Selection::Nearest(k) => {
             ws.topk.reset(k);
@@ -118,17 +118,15 @@ fn folded_row_impl<S: Semiring>(
             }
         }
         Selection::Within(radius) if index.key_form == KeyForm::Exact => {
-            for j in 0..n {
+            out.append_kept(left_row, 0..n, |j| {
                 let d = finish(j, acc0, acc1);
-                if within(S::SIMILARITY, d, radius) && keep(j) {
-                    out.push(left_row, j as u32, d);
-                }
-            }
+                (within(S::SIMILARITY, d, radius) & keep(j), d)
+            });
         }
         Selection::Within(radius) => {
             // Being within the radius is closed downwards in filter order (the distance, negated
             // for a similarity, never decreases with the filter), so once a row at filter f is
-            // outside, no row at f or above needs finishing.
+            // outside, no row at f or above is within, and a block of such rows is skipped.
             let left = FilterLeft::new(index.key_form, &left_totals);
             let mut outside_from = f64::INFINITY;
             let mut filter = [0.0f64; BLOCK];
@@ -144,19 +142,20 @@ fn folded_row_impl<S: Semiring>(
                     left,
                     filter,
                 );
-                for (i, &f) in filter.iter().enumerate() {
-                    let j = start + i;
-                    if f >= outside_from || f.is_nan() {
-                        continue;
-                    }
-                    let d = finish(j, acc0, acc1);
-                    if within(S::SIMILARITY, d, radius) {
-                        if keep(j) {
-                            out.push(left_row, j as u32, d);
+                // NaN compares false: such rows are never kept, as their distance is NaN.
+                if filter
+                    .iter()
+                    .fold(false, |any, &f| any | (f < outside_from))
+                {
+                    out.append_kept(left_row, start..start + len, |j| {
+                        let f = filter[j - start];
+                        let d = finish(j, acc0, acc1);
+                        let inside = within(S::SIMILARITY, d, radius);
+                        if !inside & !d.is_nan() & (f < outside_from) {
+                            outside_from = f;
                         }
-                    } else if !d.is_nan() {
-                        outside_from = f;
-                    }
+                        (inside & (f < outside_from) & keep(j), d)
+                    });
                 }
                 start += len;
             }

@@ -99,13 +99,7 @@ fn probe_with<S: Semiring>(
             },
         )
         .collect();
-    // One allocation of the final size: a radius join's pairs can run to hundreds of MB, and
-    // growing by doubling copied them twice over and faulted in every new block.
-    let mut out = PairList::with_capacity(chunks.iter().map(PairList::len).sum());
-    for c in chunks {
-        out.append(c);
-    }
-    out
+    PairList::concat(chunks)
 }
 
 /// Per-thread scratch, reused across rows.
