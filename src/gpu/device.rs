@@ -118,52 +118,6 @@ pub(crate) fn device_count() -> Result<usize> {
         .map_err(|e| exec_datafusion_err!("GPU: {e}"))
 }
 
-/// A device's shared memory, which sets the kernels' tile height.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct SharedMemory {
-    /// Largest dynamic shared memory one block may opt into.
-    pub optin: u32,
-    pub per_sm: u32,
-}
-
-/// What a build needs to know of a device before its context exists: the driver answers it
-/// after `cuInit` alone, so the host's share of a build can run while the context comes up.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct DeviceLimits {
-    pub shared_memory: SharedMemory,
-    pub total_memory: u64,
-}
-
-/// [`DeviceLimits`] of the device with this ordinal, read without creating its context.
-pub(crate) fn limits(ordinal: usize) -> Result<DeviceLimits> {
-    let count = device_count()?;
-    if ordinal >= count {
-        return Err(exec_datafusion_err!(
-            "GPU: no device {ordinal} ({count} found)"
-        ));
-    }
-    guarded("reading the device's limits", || {
-        use cudarc::driver::result::device;
-        let dev = device::get(ordinal as i32).map_err(cuda_err("finding the device"))?;
-        // SAFETY: `dev` is a device handle the driver just returned (cuInit ran in
-        // `device_count`); these queries need no context.
-        let attr = |a| unsafe { device::get_attribute(dev, a) }.map_err(cuda_err("reading a device attribute"));
-        Ok(DeviceLimits {
-            shared_memory: SharedMemory {
-                optin: attr(
-                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                )? as u32,
-                per_sm: attr(
-                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-                )? as u32,
-            },
-            // SAFETY: as above.
-            total_memory: unsafe { device::total_mem(dev) }
-                .map_err(cuda_err("reading the device's memory size"))? as u64,
-        })
-    })
-}
-
 /// A device opened on first use (or why it could not be), and the fault count it was last
 /// checked at.
 #[derive(Default)]
@@ -279,13 +233,6 @@ fn open(ordinal: usize) -> Result<Device> {
 }
 
 impl Device {
-    pub(crate) fn shared_memory(&self) -> SharedMemory {
-        SharedMemory {
-            optin: self.smem_optin,
-            per_sm: self.smem_per_sm,
-        }
-    }
-
     /// Whether the context still works: a sticky error from any earlier call is returned by
     /// every later one, a synchronize included.
     fn health(&self) -> std::result::Result<(), DriverError> {

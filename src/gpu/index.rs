@@ -15,7 +15,7 @@ use cudarc::driver::CudaSlice;
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 use rayon::prelude::*;
 
-use super::device::{self as device_mod, cuda_err, is_out_of_memory, Device, SharedMemory};
+use super::device::{cuda_err, is_out_of_memory, Device};
 use super::kernels::MetricProgram;
 use super::launch::{folded_fixed_smem, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW};
 use super::memory::upload;
@@ -109,7 +109,7 @@ struct Layout {
 }
 
 impl Layout {
-    fn of<S: Semiring>(smem: SharedMemory, right: &SparseBatch, s: &S, budget: u64) -> Self {
+    fn of<S: Semiring>(device: &Device, right: &SparseBatch, s: &S, budget: u64) -> Self {
         let program = MetricProgram::of(s);
         let rows = right.len();
         // Column ids: the indices themselves when the index space is not much larger than the
@@ -129,25 +129,11 @@ impl Layout {
             ids.dedup();
             ColumnMap::Sorted(ids)
         };
-        let tile_rows = tile_rows(smem, &program);
-        Layout {
-            program,
-            columns,
-            tile_rows,
-            budget: 0,
-            ranges: Vec::new(),
-        }
-        .with_budget(right, budget)
-    }
+        let tile_rows = tile_rows(device, &program);
 
-    /// This layout for another memory budget: the parts are cut again.
-    fn with_budget(mut self, right: &SparseBatch, budget: u64) -> Self {
-        let rows = right.len();
-        let program = &self.program;
         // Parts: one when the prepared right side fits in 60% of the budget (the rest is for
         // probes); otherwise parts of at most 30% each, streamed per probe.
-        let total_estimate =
-            estimate_bytes(right, 0, rows, program, &self.columns, self.tile_rows);
+        let total_estimate = estimate_bytes(right, 0, rows, &program, &columns, tile_rows);
         let part_limit = if total_estimate <= budget / 10 * 6 {
             u64::MAX
         } else {
@@ -160,7 +146,7 @@ impl Layout {
             if part_limit != u64::MAX {
                 // Grow the part row by row until the estimate passes the limit.
                 let per_row = 4 + program.acc_bytes() as u64 * 2;
-                let fixed = self.columns.len() as u64 * 8 + 1024;
+                let fixed = columns.len() as u64 * 8 + 1024;
                 let mut bytes = fixed;
                 end = start;
                 while end < rows {
@@ -175,9 +161,13 @@ impl Layout {
             ranges.push((start, end));
             start = end;
         }
-        self.budget = budget;
-        self.ranges = ranges;
-        self
+        Layout {
+            program,
+            columns,
+            tile_rows,
+            budget,
+            ranges,
+        }
     }
 
     /// [`Layout::prepare`], and a certified metric's exact rows (host work too) built beside it.
@@ -301,12 +291,13 @@ fn log_certified(
 }
 
 /// Right rows per tile of the folded kernels on `device`.
-fn tile_rows(smem: SharedMemory, program: &MetricProgram) -> usize {
+fn tile_rows(device: &Device, program: &MetricProgram) -> usize {
     // Four blocks per SM: measured on an H200 (full self-joins, k=10), a quarter of the
     // SM's shared memory per block (8,448 float rows per tile) beat half of it (23,232
     // rows) by 1.5x on scrna and 1.25x on movielens: more warps in flight hide the
     // latency of the inverted lists and the shared-memory atomics.
-    let per_block = (smem.optin as usize).min((smem.per_sm as usize / 4).saturating_sub(1024));
+    let per_block =
+        (device.smem_optin as usize).min((device.smem_per_sm as usize / 4).saturating_sub(1024));
     let avail = per_block.saturating_sub(folded_fixed_smem(MAX_DEVICE_K) + 256);
     let mut t = (avail / program.acc_bytes()) / 32 * 32;
     if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS")
@@ -398,88 +389,13 @@ impl GpuIndex {
         // after the indexes built before it hold their memory: the driver's free memory is the
         // process's one ledger (probes take turns too, so their scratch never overlaps).
         let build_turn = lock_device(&device)?;
-        let budget = Self::budget(&device, options)?;
-        let layout = Layout::of(device.shared_memory(), right, s, budget);
+        let (free, _) = device.memory()?;
+        // Leave room for the context and other users of the device when no limit is given.
+        let budget = options.memory_limit.unwrap_or(free / 10 * 8);
+        let layout = Layout::of(&device, right, s, budget);
         let started = std::time::Instant::now();
         let (exact, host_parts) = layout.prepare_with_exact(right, s);
         let prepared = started.elapsed();
-        Self::upload_prepared(&device, right, layout, exact, host_parts, build_turn, prepared)
-    }
-
-    /// [`GpuIndex::build_on`] GPU `ordinal`, of the right side that `right` makes (a scan's
-    /// batches concatenated): the host's share of the build (`right` itself, the column ids,
-    /// the prepare) runs while the device's context comes up, which a fresh process's first
-    /// join otherwise waited for. The prepare assumes the budget of an idle device (or the
-    /// memory limit) and is done again in the rare case the device's free memory asks for
-    /// other parts.
-    pub(crate) fn build_on_ordinal<S: Semiring>(
-        ordinal: usize,
-        right: impl FnOnce() -> Result<SparseBatch>,
-        s: &S,
-        options: &GpuOptions,
-    ) -> Result<Self> {
-        let limits = device_mod::limits(ordinal)?;
-        let (device, host) = std::thread::scope(|scope| {
-            let opening = scope.spawn(|| device_mod::device(ordinal));
-            let host = (|| {
-                let started = std::time::Instant::now();
-                let right = right()?;
-                check_size(&right)?;
-                let guess = options
-                    .memory_limit
-                    .unwrap_or(limits.total_memory / 10 * 8);
-                let layout = Layout::of(limits.shared_memory, &right, s, guess);
-                let prepared = layout.prepare_with_exact(&right, s);
-                Ok::<_, datafusion::common::DataFusionError>((
-                    right,
-                    layout,
-                    prepared,
-                    started.elapsed(),
-                ))
-            })();
-            let device = opening
-                .join()
-                .unwrap_or_else(|_| Err(exec_datafusion_err!("GPU: opening the device panicked")));
-            (device, host)
-        });
-        let device = device?;
-        let (right, layout, (exact, host_parts), prepared) = host?;
-        let build_turn = lock_device(&device)?;
-        let budget = Self::budget(&device, options)?;
-        let ranges = layout.ranges.clone();
-        let layout = layout.with_budget(&right, budget);
-        let (exact, host_parts) = if layout.ranges == ranges {
-            (exact, host_parts)
-        } else {
-            log::debug!(
-                "GPU {ordinal}: {} parts for the free memory, not {}: prepared again",
-                layout.ranges.len(),
-                ranges.len()
-            );
-            drop(host_parts);
-            layout.prepare_with_exact(&right, s)
-        };
-        Self::upload_prepared(&device, &right, layout, exact, host_parts, build_turn, prepared)
-    }
-
-    /// The memory a build may plan for on `device`: the limit, or most of what is free (room is
-    /// left for the context and other users of the device).
-    fn budget(device: &Device, options: &GpuOptions) -> Result<u64> {
-        let (free, _) = device.memory()?;
-        Ok(options.memory_limit.unwrap_or(free / 10 * 8))
-    }
-
-    /// The rest of a build once the right side is prepared: the upload, in the build's turn.
-    fn upload_prepared(
-        device: &Arc<Device>,
-        right: &SparseBatch,
-        layout: Layout,
-        exact: Option<Arc<ExactRows>>,
-        host_parts: Vec<HostPart>,
-        build_turn: std::sync::MutexGuard<'_, ()>,
-        prepared: std::time::Duration,
-    ) -> Result<Self> {
-        let started = std::time::Instant::now();
         let parts = host_parts.len();
         let parts_meta = host_parts
             .iter()
@@ -487,23 +403,17 @@ impl GpuIndex {
             .collect();
         let mut stats = GpuStats::default();
         let resident = (host_parts.len() == 1).then(|| &host_parts[0]);
-        let mut uploaded = upload_layout(device, &layout.columns, resident, &mut stats)?;
+        let mut uploaded = upload_layout(&device, &layout.columns, resident, &mut stats)?;
         uploaded.host_parts = (host_parts.len() > 1).then_some(host_parts);
         drop(build_turn);
         log::debug!(
             "GPU index: {} rows, {parts} parts, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
             right.len(),
-            started.elapsed(),
+            started.elapsed() - prepared,
             stats.bytes_to_device
         );
         Ok(Self::assemble(
-            Arc::clone(device),
-            right,
-            layout,
-            parts_meta,
-            exact,
-            uploaded,
-            stats,
+            device, right, layout, parts_meta, exact, uploaded, stats,
         ))
     }
 
@@ -531,10 +441,10 @@ impl GpuIndex {
             let (free, _) = d.memory()?;
             budget = budget.min(options.memory_limit.unwrap_or(free / 10 * 8));
         }
-        let layout = Layout::of(devices[0].shared_memory(), right, s, budget);
+        let layout = Layout::of(&devices[0], right, s, budget);
         let same_tiles = devices
             .iter()
-            .all(|d| tile_rows(d.shared_memory(), &layout.program) == layout.tile_rows);
+            .all(|d| tile_rows(d, &layout.program) == layout.tile_rows);
         if layout.ranges.len() != 1 || !same_tiles {
             return Ok(None);
         }

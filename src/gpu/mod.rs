@@ -85,7 +85,8 @@ impl GpuIndex {
         s: &S,
         options: &GpuOptions,
     ) -> Result<Self> {
-        Self::build_on_ordinal(0, || Ok(right.clone()), s, options)
+        let device = device::device(0)?;
+        Self::build_on(device, right, s, options)
     }
 }
 
@@ -128,20 +129,6 @@ impl Backend for GpuBackend {
             }
             log::debug!("GPU: the right side does not stay on each GPU: sharded over them");
             pieces = vec![right];
-        }
-        if ordinals.len() == 1 && total <= max_chunk_nnz() {
-            // One GPU and one chunk: the pieces are concatenated and prepared while the
-            // device's context comes up.
-            let concat = move || {
-                if pieces.len() == 1 {
-                    Ok(pieces.pop().expect("one piece"))
-                } else {
-                    SparseBatch::concat(&pieces)
-                }
-            };
-            return Ok(Box::new(crate::with_semiring!(metric, s => {
-                GpuIndex::build_on_ordinal(ordinals[0], concat, &s, &self.options)
-            })?));
         }
         let per_gpu = total.div_ceil(ordinals.len()).max(1);
         // A share may pass its even part by up to one row: cut exactly at it, the last rows
