@@ -143,7 +143,9 @@ impl PartLaunch<'_> {
             let per_row = self.radius_pairs_per_row.get();
             // (a certified metric's candidate pass finds ~1,150 a row at movielens' full size:
             // 19M for 16K rows, which 2^24 made run twice)
-            ((nwork as u64) * (per_row + per_row / 4))
+            // Twice the last average: chunks of skewed data differ, and a list that overflows
+            // runs the whole launch again.
+            ((nwork as u64) * (2 * per_row))
                 .clamp(64, 1 << 27)
                 .min(room.max(64))
         };

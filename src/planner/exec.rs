@@ -482,7 +482,7 @@ impl ExecutionPlan for SparseJoinExec {
             };
             // Left rows per probe, so that one probe's pairs stay near PAIRS_PER_PROBE. A radius
             // join starts from the worst case (every right row within the radius) and, as probes
-            // find fewer pairs per row, at most doubles the slice each probe: at 20 rows a probe
+            // find fewer pairs per row, grows the slice (at most 8x a probe): at 20 rows a probe
             // (100K right rows) the GPU had one block per left row and sat idle.
             let slice_rows = Arc::new(AtomicUsize::new((PAIRS_PER_PROBE / per_row.max(1)).max(1)));
             let grow_slices = matches!(spec.kind, JoinKind::Radius { .. });
@@ -506,10 +506,16 @@ impl ExecutionPlan for SparseJoinExec {
             // make): GPU launches over one session batch (8,192 rows) end on their few longest
             // rows with most of the device idle (movielens self join on an H200: 2.41 s of
             // kernels in 8,192-row probes, 1.97 s in 64K-row probes).
-            let gather = PROBE_ROWS.min(slice_rows.load(Ordering::Relaxed)).max(1);
+            // A radius join's slices grow as its probes find how many pairs a row makes, and
+            // its gathers with them (a gather fixed at the first slice, a few rows, kept its
+            // probes to one session batch).
+            let gather_size = Arc::clone(&slice_rows);
             let left_schema = Arc::clone(&left_schema);
             let left_stream = futures::stream::unfold(Some(left_stream), move |input| {
                 let left_schema = Arc::clone(&left_schema);
+                let gather = PROBE_ROWS
+                    .min(gather_size.load(Ordering::Relaxed))
+                    .max(1);
                 async move {
                     let mut input = input?;
                     let mut pending: Vec<RecordBatch> = Vec::new();
@@ -566,7 +572,10 @@ impl ExecutionPlan for SparseJoinExec {
                         if grow_slices {
                             let per_row = out.num_rows().div_ceil(rows.max(1)).max(1);
                             let fits = (PAIRS_PER_PROBE / (2 * per_row)).max(1);
-                            slice_rows.store(fits.min(2 * rows.max(1)), Ordering::Relaxed);
+                            // At most 8x the last slice: a few rows predict the next ones'
+                            // pairs only roughly (2x took ten probes of a few GPU blocks each
+                            // to reach a session batch).
+                            slice_rows.store(fits.min(8 * rows.max(1)), Ordering::Relaxed);
                         }
                         Ok(out)
                     }
