@@ -513,9 +513,7 @@ impl ExecutionPlan for SparseJoinExec {
             let left_schema = Arc::clone(&left_schema);
             let left_stream = futures::stream::unfold(Some(left_stream), move |input| {
                 let left_schema = Arc::clone(&left_schema);
-                let gather = PROBE_ROWS
-                    .min(gather_size.load(Ordering::Relaxed))
-                    .max(1);
+                let gather = PROBE_ROWS.min(gather_size.load(Ordering::Relaxed)).max(1);
                 async move {
                     let mut input = input?;
                     let mut pending: Vec<RecordBatch> = Vec::new();
