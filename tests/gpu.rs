@@ -573,7 +573,14 @@ fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
             let c = cpu::probe(&cpu_index, &left, sel, po);
             let g = index.probe(&left, sel, po).unwrap();
             let label = format!("{kind} on {gpus} GPU(s), memory_limit={memory_limit:?}");
-            compare(&label, &m, &left, &right, &c, &g.pairs);
+            compare(
+                &label,
+                &m,
+                &left,
+                &right,
+                &c,
+                &PairList::concat(g.parts.clone()),
+            );
             let mut used: Vec<usize> = g.gpu_times.iter().map(|(o, _)| *o).collect();
             used.sort_unstable();
             assert_eq!(used, (0..gpus).collect::<Vec<_>>(), "{label}");
@@ -621,15 +628,16 @@ fn replicas_split_the_left_rows_and_match_one_index() {
             };
             let want = single.probe(&left, sel, po).unwrap();
             let got = replicated.probe(&left, sel, po).unwrap();
+            let got_pairs = PairList::concat(got.parts.clone());
             compare(
                 &format!("{kind} {sel:?} replicated"),
                 &m,
                 &left,
                 &right,
                 &want,
-                &got.pairs,
+                &got_pairs,
             );
-            assert_eq!(got.pairs.len(), want.len(), "{kind} {sel:?}");
+            assert_eq!(got_pairs.len(), want.len(), "{kind} {sel:?}");
             assert!(got.bytes_to_device > 0);
         }
     }

@@ -948,3 +948,50 @@ async fn a_bad_right_vector_is_named_by_its_row_in_the_whole_side() {
         "{message}"
     );
 }
+
+/// Results of more pairs than one CPU part holds (64K) come as several record batches of whole
+/// left rows: still in left order, every rank and pair as the brute force has them.
+#[tokio::test]
+async fn results_of_many_parts_keep_left_order_ranks_and_pairs() {
+    let ctx = datafusion_sparse_knn::session_context();
+    let mut rng = StdRng::seed_from_u64(11);
+    let left = random_rows(&mut rng, 300, false);
+    let right = random_rows(&mut rng, 400, false);
+    ctx.register_table("l", table(&left, 0, 1)).unwrap();
+    ctx.register_table("r", table(&right, 1000, 1)).unwrap();
+    let want = reference(&ctx, "l", "r", "cosine", "").await;
+    let total: usize = want.values().map(Vec::len).sum();
+    assert!(total > 1 << 16, "{total} pairs: too few for several parts");
+    let in_left_order = |got: &[(i64, i64, f64, i32)]| got.windows(2).all(|w| w[0].0 <= w[1].0);
+
+    let got = pairs(
+        &query(
+            &ctx,
+            "SELECT * FROM knn_join(l, r, 'cosine', 400, 'device=cpu')",
+        )
+        .await,
+    );
+    assert_eq!(got.len(), total);
+    assert!(in_left_order(&got), "knn: left rows out of order");
+    check_knn("cosine", 400, &got, &want, false);
+
+    let got = pairs(
+        &query(
+            &ctx,
+            "SELECT * FROM radius_join(l, r, 'cosine', 2.5, 'device=cpu')",
+        )
+        .await,
+    );
+    assert!(in_left_order(&got), "radius: left rows out of order");
+    let got_set: BTreeMap<(i64, i64), f64> = got.iter().map(|&(q, n, d, _)| ((q, n), d)).collect();
+    assert_eq!(
+        got_set.len(),
+        total,
+        "radius 2.5 keeps every non-null pair once"
+    );
+    for (q, row) in &want {
+        for &(n, d) in row {
+            assert!(close(got_set[&(*q, n)], d), "({q}, {n})");
+        }
+    }
+}

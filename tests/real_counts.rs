@@ -158,7 +158,7 @@ fn probe(
     index
         .probe(left, Selection::Nearest(k), ProbeOptions::default())
         .unwrap_or_else(|e| panic!("{metric}: {e}"))
-        .pairs
+        .into_pairs()
 }
 
 fn check_dataset(

@@ -44,7 +44,7 @@ pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
         selection: Selection,
         options: ProbeOptions,
         cancel: &Cancel,
-    ) -> PairList;
+    ) -> Vec<PairList>;
 }
 
 /// Maps a column index to a dense column id of the build side.

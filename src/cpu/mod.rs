@@ -13,7 +13,7 @@ use datafusion::common::Result;
 
 pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use index::CpuIndex;
-pub use probe::probe;
+pub use probe::{probe, probe_parts};
 
 use crate::join::{Backend, Cancel, JoinIndex, Probed};
 use crate::metric::Metric;
@@ -42,10 +42,10 @@ impl JoinIndex for CpuIndex {
         cancel: &Cancel,
     ) -> Result<Probed> {
         let started = Instant::now();
-        let pairs = self.kernels.probe(self, left, selection, options, cancel);
+        let parts = self.kernels.probe(self, left, selection, options, cancel);
         cancel.check()?;
         Ok(Probed {
-            pairs,
+            parts,
             compute_time: started.elapsed(),
             bytes_to_device: 0,
             gpu_times: Vec::new(),

@@ -18,6 +18,10 @@ use crate::vector::SparseBatch;
 /// Rows per parallel task: small enough to balance skewed degrees across cores.
 const ROWS_PER_TASK: usize = 8;
 
+/// Pairs below which consecutive tasks' lists are joined into one part: a part becomes a record
+/// batch, and a knn task's 8 rows make only 8k pairs.
+const MIN_PART_PAIRS: usize = 1 << 16;
+
 impl<S: Semiring> CpuKernels for S {
     fn probe(
         &self,
@@ -26,7 +30,7 @@ impl<S: Semiring> CpuKernels for S {
         selection: Selection,
         options: ProbeOptions,
         cancel: &Cancel,
-    ) -> PairList {
+    ) -> Vec<PairList> {
         probe_with(self, index, left, selection, options, cancel)
     }
 }
@@ -38,6 +42,18 @@ pub fn probe(
     selection: Selection,
     options: ProbeOptions,
 ) -> PairList {
+    PairList::concat(probe_parts(index, left, selection, options))
+}
+
+/// [`probe`]'s pairs as the operator takes them: consecutive lists of whole left rows, in left
+/// row order, each of at least `MIN_PART_PAIRS` pairs but the last (a large one as its task
+/// wrote it, not copied again).
+pub fn probe_parts(
+    index: &CpuIndex,
+    left: &SparseBatch,
+    selection: Selection,
+    options: ProbeOptions,
+) -> Vec<PairList> {
     index
         .kernels
         .probe(index, left, selection, options, &Cancel::new())
@@ -50,7 +66,7 @@ fn probe_with<S: Semiring>(
     selection: Selection,
     options: ProbeOptions,
     cancel: &Cancel,
-) -> PairList {
+) -> Vec<PairList> {
     let rows = left.len();
     let chunks: Vec<PairList> = (0..rows.div_ceil(ROWS_PER_TASK))
         .into_par_iter()
@@ -99,7 +115,34 @@ fn probe_with<S: Semiring>(
             },
         )
         .collect();
-    PairList::concat(chunks)
+    join_small(chunks)
+}
+
+/// Consecutive lists joined until each holds at least `MIN_PART_PAIRS` (the last may hold
+/// fewer); a list that large on its own is kept as it is.
+fn join_small(lists: Vec<PairList>) -> Vec<PairList> {
+    let mut parts = Vec::new();
+    let mut pending: Vec<PairList> = Vec::new();
+    let mut pending_pairs = 0;
+    for list in lists {
+        if list.is_empty() {
+            continue;
+        }
+        if list.len() >= MIN_PART_PAIRS && !pending.is_empty() {
+            parts.push(PairList::concat(std::mem::take(&mut pending)));
+            pending_pairs = 0;
+        }
+        pending_pairs += list.len();
+        pending.push(list);
+        if pending_pairs >= MIN_PART_PAIRS {
+            parts.push(PairList::concat(std::mem::take(&mut pending)));
+            pending_pairs = 0;
+        }
+    }
+    if !pending.is_empty() {
+        parts.push(PairList::concat(pending));
+    }
+    parts
 }
 
 /// Per-thread scratch, reused across rows.

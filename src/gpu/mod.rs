@@ -331,7 +331,7 @@ impl JoinIndex for GpuIndex {
         let (pairs, stats) = self.probe_counted(left, selection, options, cancel)?;
         let kernel_time = Duration::from_nanos(stats.kernel_nanos);
         Ok(Probed {
-            pairs,
+            parts: vec![pairs],
             compute_time: kernel_time,
             bytes_to_device: stats.bytes_to_device,
             gpu_times: vec![(self.ordinal(), kernel_time)],

@@ -14,7 +14,10 @@ use crate::vector::SparseBatch;
 /// What one probe returned, with the counters EXPLAIN ANALYZE shows.
 #[derive(Debug, Default)]
 pub struct Probed {
-    pub pairs: PairList,
+    /// The pairs in consecutive lists, each of whole left rows, in left row order: a CPU probe
+    /// hands on its tasks' lists as they are (a radius join's pairs run to hundreds of MB, which
+    /// one list would write a second time), and the operator makes a record batch of each.
+    pub parts: Vec<PairList>,
     /// Time spent computing (kernel time on a GPU, wall time of the probe on the CPU).
     pub compute_time: Duration,
     /// Bytes copied to a device for this probe (0 on the CPU).
@@ -26,7 +29,7 @@ pub struct Probed {
 impl Probed {
     /// Adds `other`'s counters to these (kernel time summed per GPU) and returns its pairs,
     /// which the caller places: appended, or merged with other parts of the right side.
-    pub fn absorb(&mut self, other: Probed) -> PairList {
+    pub fn absorb(&mut self, other: Probed) -> Vec<PairList> {
         self.compute_time += other.compute_time;
         self.bytes_to_device += other.bytes_to_device;
         for (ordinal, t) in other.gpu_times {
@@ -35,7 +38,17 @@ impl Probed {
                 None => self.gpu_times.push((ordinal, t)),
             }
         }
-        other.pairs
+        other.parts
+    }
+
+    /// Pairs in all the parts.
+    pub fn pair_count(&self) -> usize {
+        self.parts.iter().map(PairList::len).sum()
+    }
+
+    /// The pairs as one list.
+    pub fn into_pairs(self) -> PairList {
+        PairList::concat(self.parts)
     }
 }
 

@@ -57,9 +57,12 @@ impl PairList {
     /// column. A radius join's pairs run to hundreds of MB: they are copied by all cores into
     /// zeroed memory (fresh pages the kernel hands out as the copy first touches them), since
     /// on one core the copy and its page faults took a third of a dense radius join.
-    pub fn concat(parts: Vec<PairList>) -> PairList {
+    pub fn concat(mut parts: Vec<PairList>) -> PairList {
+        if parts.len() == 1 {
+            return parts.pop().expect("one list");
+        }
         let total: usize = parts.iter().map(PairList::len).sum();
-        if total < PARALLEL_CONCAT_PAIRS || parts.len() == 1 {
+        if total < PARALLEL_CONCAT_PAIRS {
             let mut out = PairList::with_capacity(total);
             for p in parts {
                 out.append(p);

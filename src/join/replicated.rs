@@ -118,8 +118,10 @@ impl JoinIndex for ReplicatedIndex {
                             options.shifted(start),
                             cancel,
                         )?;
-                        for l in probed.pairs.left.iter_mut() {
-                            *l += start as u32;
+                        for part in &mut probed.parts {
+                            for l in part.left.iter_mut() {
+                                *l += start as u32;
+                            }
                         }
                         Ok(probed)
                     })
@@ -136,8 +138,8 @@ impl JoinIndex for ReplicatedIndex {
         let mut out = Probed::default();
         // In range order, so the pairs stay ordered by left row.
         for r in results {
-            let pairs = out.absorb(r?);
-            out.pairs.append(pairs);
+            let parts = out.absorb(r?);
+            out.parts.extend(parts);
         }
         Ok(out)
     }
@@ -213,7 +215,7 @@ mod tests {
                 let nearest = single
                     .probe(&left, Selection::Nearest(5), ProbeOptions::default())
                     .unwrap()
-                    .pairs;
+                    .into_pairs();
                 let mut distances = nearest.distance.clone();
                 distances.sort_by(f64::total_cmp);
                 let radius = distances[distances.len() / 2];
@@ -225,8 +227,11 @@ mod tests {
                     let options = ProbeOptions {
                         exclude_self_from: exclude,
                     };
-                    let want = single.probe(&left, selection, options).unwrap().pairs;
-                    let got = index.probe(&left, selection, options).unwrap().pairs;
+                    let want = single
+                        .probe(&left, selection, options)
+                        .unwrap()
+                        .into_pairs();
+                    let got = index.probe(&left, selection, options).unwrap().into_pairs();
                     assert!(!want.is_empty());
                     assert_eq!(got, want, "{name}, {replicas} replicas, {selection:?}");
                 }

@@ -10,6 +10,7 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result};
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
 use super::merge::{merge_nearest, merge_within};
+use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use crate::vector::SparseBatch;
 
@@ -136,8 +137,10 @@ impl ShardedIndex {
             .index
             .probe_cancellable(left, selection, options, cancel)?;
         let offset = shard.first_row as u32;
-        for r in probed.pairs.right.iter_mut() {
-            *r += offset;
+        for part in &mut probed.parts {
+            for r in part.right.iter_mut() {
+                *r += offset;
+            }
         }
         Ok(probed)
     }
@@ -184,13 +187,13 @@ impl JoinIndex for ShardedIndex {
         let mut probed = Probed::default();
         let mut parts = Vec::with_capacity(results.len());
         for r in results {
-            parts.push(probed.absorb(r?));
+            parts.push(PairList::concat(probed.absorb(r?)));
         }
         let pairs = match selection {
             Selection::Nearest(k) => merge_nearest(parts, k, self.similarity),
             Selection::Within(_) => merge_within(parts),
         };
-        probed.pairs = pairs;
+        probed.parts = vec![pairs];
         Ok(probed)
     }
 

@@ -568,7 +568,8 @@ impl ExecutionPlan for SparseJoinExec {
                         let rows = batch.num_rows();
                         let out = probe.run(build, batch, first_row, exclude_self).await?;
                         if grow_slices {
-                            let per_row = out.num_rows().div_ceil(rows.max(1)).max(1);
+                            let pairs: usize = out.iter().map(RecordBatch::num_rows).sum();
+                            let per_row = pairs.div_ceil(rows.max(1)).max(1);
                             let fits = (PAIRS_PER_PROBE / (2 * per_row)).max(1);
                             // At most 8x the last slice: a few rows predict the next ones'
                             // pairs only roughly (2x took ten probes of a few GPU blocks each
@@ -584,14 +585,15 @@ impl ExecutionPlan for SparseJoinExec {
                 .try_buffered(PROBES_IN_FLIGHT)
                 // A left batch of n rows makes up to n * k pairs: hand them on in slices of the
                 // session's batch size (slicing copies nothing).
-                .map_ok(move |batch| {
-                    let slices = (0..batch.num_rows())
-                        .step_by(batch_size)
-                        .map(|start| {
-                            let slice =
-                                batch.slice(start, batch_size.min(batch.num_rows() - start));
-                            Ok(slice.record_output(&baseline))
+                .map_ok(move |batches| {
+                    let slices = batches
+                        .iter()
+                        .flat_map(|batch| {
+                            (0..batch.num_rows()).step_by(batch_size).map(|start| {
+                                batch.slice(start, batch_size.min(batch.num_rows() - start))
+                            })
                         })
+                        .map(|slice| Ok(slice.record_output(&baseline)))
                         .collect::<Vec<_>>();
                     futures::stream::iter(slices)
                 })
@@ -969,7 +971,7 @@ impl ProbeJob {
         batch: RecordBatch,
         first_row: u64,
         exclude_self: bool,
-    ) -> Result<RecordBatch> {
+    ) -> Result<Vec<RecordBatch>> {
         let spec = Arc::clone(&self.spec);
         let vectors = batch.column(self.layout.left_vector).clone();
         let left_keys = self.left_key.map(|i| batch.column(i).clone());
@@ -978,7 +980,7 @@ impl ProbeJob {
         let cancel = self.cancel.clone();
         let started = Instant::now();
         let Probed {
-            pairs,
+            parts,
             compute_time: kernel,
             bytes_to_device: bytes,
             gpu_times,
@@ -998,19 +1000,26 @@ impl ProbeJob {
                 let options = ProbeOptions {
                     exclude_self_from: exclude_self.then_some((first_row + offset as u64) as i64),
                 };
-                let mut part = probe_build
+                let mut piece = probe_build
                     .index
                     .probe_cancellable(left, selection, options, &cancel)?;
-                for l in part.pairs.left.iter_mut() {
-                    *l += offset as u32;
+                for part in &mut piece.parts {
+                    for l in part.left.iter_mut() {
+                        *l += offset as u32;
+                    }
                 }
-                let pairs = probed.absorb(part);
-                probed.pairs.append(pairs);
+                let parts = probed.absorb(piece);
+                probed.parts.extend(parts);
                 offset += left.len();
             }
             if let Some((groups, keys)) = groups {
+                // Each part holds whole left rows, which is all the filter looks at.
                 let left_groups = groups.left_groups(&keys)?;
-                probed.pairs = groups.filter(probed.pairs, &left_groups, spec.kind.selection());
+                let selection = spec.kind.selection();
+                probed.parts = std::mem::take(&mut probed.parts)
+                    .into_iter()
+                    .map(|part| groups.filter(part, &left_groups, selection))
+                    .collect();
             }
             Ok(probed)
         })
@@ -1030,17 +1039,20 @@ impl ProbeJob {
         // This probe's own share of the partition's reservation (probes overlap), freed when
         // the batch becomes the consumer's.
         let reservation = self.reservation.new_empty();
-        let held = pairs.len() * 16;
+        let held = parts.iter().map(PairList::len).sum::<usize>() * 16;
         self.reserve(&reservation, held, batch.num_rows())?;
 
         let _timer = self.baseline.elapsed_compute().timer();
-        let out = self.assemble(&build, &batch, pairs)?;
-        self.reserve(
-            &reservation,
-            held + out.get_array_memory_size(),
-            batch.num_rows(),
-        )?;
-        self.pairs.add(out.num_rows());
+        // A record batch per part: the parts are handed on without being copied into one.
+        let out = parts
+            .into_iter()
+            .map(|part| self.assemble(&build, &batch, part))
+            .collect::<Result<Vec<_>>>()?;
+        let (rows, bytes) = out.iter().fold((0, 0), |(r, b), o| {
+            (r + o.num_rows(), b + o.get_array_memory_size())
+        });
+        self.reserve(&reservation, held + bytes, batch.num_rows())?;
+        self.pairs.add(rows);
         Ok(out)
     }
 
