@@ -41,11 +41,6 @@ impl Probed {
         other.parts
     }
 
-    /// Pairs in all the parts.
-    pub fn pair_count(&self) -> usize {
-        self.parts.iter().map(PairList::len).sum()
-    }
-
     /// The pairs as one list.
     pub fn into_pairs(self) -> PairList {
         PairList::concat(self.parts)

@@ -63,9 +63,13 @@ impl PairList {
         }
         let total: usize = parts.iter().map(PairList::len).sum();
         if total < PARALLEL_CONCAT_PAIRS {
+            // Copied into the one allocation (`append` would take the first list whole and
+            // grow it by doubling instead).
             let mut out = PairList::with_capacity(total);
-            for p in parts {
-                out.append(p);
+            for p in &parts {
+                out.left.extend_from_slice(&p.left);
+                out.right.extend_from_slice(&p.right);
+                out.distance.extend_from_slice(&p.distance);
             }
             return out;
         }
