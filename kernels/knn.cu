@@ -335,8 +335,20 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         for (int t = 0; t < ntiles; ++t) {
             const int tile_first = t * tile_rows;
             const int tile_len = min(tile_rows, n_right - tile_first);
+            // The dense columns' part of the sum, from the tensor-core product (`dense_gemm`):
+            // a bilinear pair (c·x·y) summed over them is pair0(g, 1) for their dot product g.
+            const float* dense_row =
+                a.dense ? a.dense + (size_t)row * (size_t)a.dense_stride + tile_first : nullptr;
             for (int j = threadIdx.x; j < tile_len; j += B) {
-                acc0[j] = 0;
+                long long init = 0;
+                if (dense_row) {
+                    const double g = (double)dense_row[j];
+                    if (g != 0.0) {
+                        const double v = MetricDef::pair0(g, 1.0, prm) * scale0;
+                        if (fabs(v) <= 4.0e18) init = llrint(v); else *a.overflow = 1u;
+                    }
+                }
+                acc0[j] = init;
                 if (TWO) acc1[j] = 0;
             }
             __syncthreads();
@@ -349,6 +361,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     x = l_val[start + e];
                     if (MAXRED) rank = a.l_rank[start + e];
                     int col = x != 0.0f ? map_column(l_idx[start + e], col_mode, ncols, col_ids) : -1;
+                    // Dense columns came from the tensor-core product.
+                    if (col >= 0 && a.dense && a.dense_slot[col] >= 0) col = -1;
                     if (col >= 0) {
                         const u32* tp = tile_ptr + (size_t)col * (ntiles + 1) + t;
                         sstart = tp[0];
@@ -453,3 +467,174 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
 
 extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a); }
 extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
+
+// ---------------------------------------------------------------------------------------------
+// Dense columns on the tensor cores (bilinear metrics: dot, cosine, (sq)euclidean, correlation).
+// The right side's densest columns are also kept as a dense block B (right rows x kp, row-major);
+// a launch scatters its left rows' values in those columns into A (rows x kp) and `dense_gemm`
+// computes C = A·Bᵀ, which the folded kernels take as each pair's starting sum (the inverted lists
+// of those columns are skipped). TF32 keeps 10 of float32's 23 mantissa bits, so an operand whose
+// values are not all TF32 numbers is split into hi + lo TF32 parts and the product taken as
+// hi·hi + hi·lo + lo·hi (3xTF32: float32 accuracy). Raw counts below 2^11 are TF32 numbers and
+// need one product. Tensor cores add in float32 with truncation; the running sums are moved into
+// float64 every DENSE_FLUSH columns, so the error stays that of 64-term float32 sums.
+
+#define DG_BM 128
+#define DG_BN 64
+#define DG_BK 32
+#define DG_LD (DG_BK + 4)
+#define DENSE_FLUSH 64
+
+// Left rows' values in the dense columns, into A (zeroed before): a warp per row. Flags a value
+// that is not a TF32 number (its low 13 mantissa bits set).
+extern "C" __global__ void dense_scatter(const DenseArgs a) {
+    const int lane = threadIdx.x & 31;
+    const int warps = gridDim.x * (blockDim.x >> 5);
+    for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
+        const long long s = (long long)a.l_off[r] - a.l_base;
+        const long long e = (long long)a.l_off[r + 1] - a.l_base;
+        for (long long i = s + lane; i < e; i += 32) {
+            const float v = a.l_val[i];
+            if (v == 0.0f) continue;
+            const int col = map_column(a.l_idx[i], a.col_mode, a.ncols, a.col_ids);
+            if (col < 0) continue;
+            const int slot = a.dense_slot[col];
+            if (slot < 0) continue;
+            a.a[(size_t)r * a.kp + slot] = v;
+            if (__float_as_uint(v) & 0x1fffu) *a.a_inexact = 1u;
+        }
+    }
+}
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ u32 to_tf32(float v) {
+    u32 r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+}
+
+__device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+// C (m_pad x n_pad, float32) = A (m_pad x kp) · B (n_pad x kp)ᵀ. A block computes 128 x 64 of C
+// with 8 warps of 32 x 32 (mma.m16n8k8: 2 x 4 tiles a warp); tiles of 32 columns go through
+// shared memory, the next one loaded into registers while the current one is multiplied.
+extern "C" __global__ void __launch_bounds__(256) dense_gemm(const DenseArgs a) {
+#if __CUDA_ARCH__ >= 800
+    __shared__ __align__(16) float As[DG_BM * DG_LD];
+    __shared__ __align__(16) float Bs[DG_BN * DG_LD];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const size_t m0 = (size_t)blockIdx.y * DG_BM, n0 = (size_t)blockIdx.x * DG_BN;
+    const int kp = a.kp;
+    const bool a_lo = *a.a_inexact != 0u;
+    const bool b_lo = a.b_inexact != 0;
+    const float* A = a.a;
+    const float* Bm = a.b;
+
+    float acc[2][4][4];
+    double dacc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                acc[i][j][q] = 0.0f;
+                dacc[i][j][q] = 0.0;
+            }
+
+    float4 ra[4], rb[2];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
+            ra[i] = *(const float4*)(A + (m0 + row) * kp + k0 + c4 * 4);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
+            rb[i] = *(const float4*)(Bm + (n0 + row) * kp + k0 + c4 * 4);
+        }
+    };
+    load(0);
+    const int nk = kp / DG_BK;
+    for (int kt = 0; kt < nk; ++kt) {
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
+            *(float4*)(As + row * DG_LD + c4 * 4) = ra[i];
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
+            *(float4*)(Bs + row * DG_LD + c4 * 4) = rb[i];
+        }
+        __syncthreads();
+        if (kt + 1 < nk) load((kt + 1) * DG_BK);
+#pragma unroll
+        for (int kk = 0; kk < DG_BK; kk += 8) {
+            u32 ah[2][4], al[2][4], bh[4][2], bl[4][2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float* p = As + (wm + i * 16 + g) * DG_LD + kk + t;
+                const float v[4] = {p[0], p[8 * DG_LD], p[4], p[8 * DG_LD + 4]};
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    ah[i][q] = to_tf32(v[q]);
+                    al[i][q] = a_lo ? to_tf32(v[q] - __uint_as_float(ah[i][q])) : 0u;
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const float* p = Bs + (wn + j * 8 + g) * DG_LD + kk + t;
+                const float v[2] = {p[0], p[4]};
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    bh[j][q] = to_tf32(v[q]);
+                    bl[j][q] = b_lo ? to_tf32(v[q] - __uint_as_float(bh[j][q])) : 0u;
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    // The small parts first, then hi·hi.
+                    if (a_lo) mma_tf32(acc[i][j], al[i], bh[j]);
+                    if (b_lo) mma_tf32(acc[i][j], ah[i], bl[j]);
+                    mma_tf32(acc[i][j], ah[i], bh[j]);
+                }
+        }
+        if (((kt + 1) * DG_BK) % DENSE_FLUSH == 0 || kt + 1 == nk) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        dacc[i][j][q] += (double)acc[i][j][q];
+                        acc[i][j][q] = 0.0f;
+                    }
+        }
+    }
+    // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const size_t row = m0 + wm + i * 16 + g, col = n0 + wn + j * 8 + 2 * t;
+            float* out = a.c + row * (size_t)a.n_pad + col;
+            *(float2*)out = make_float2((float)dacc[i][j][0], (float)dacc[i][j][1]);
+            *(float2*)(out + 8 * (size_t)a.n_pad) =
+                make_float2((float)dacc[i][j][2], (float)dacc[i][j][3]);
+        }
+#endif
+}

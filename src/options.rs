@@ -90,6 +90,10 @@ sparse_knn_settings! {
         pub gpu_memory_limit: String = String::new(),
         /// The GPUs a join uses, as CUDA ordinals, e.g. '0,1' (empty: every visible GPU).
         pub gpus: String = String::new(),
+        /// GPU, bilinear metrics (dot, cosine, (sq)euclidean, correlation): columns of the
+        /// right side taken as a dense block by the tensor cores: auto (chosen by density), off,
+        /// or a share of the right rows, e.g. 0.05 (every column nonzero in at least 5% of them).
+        pub dense_columns: String = "auto".to_string(),
     }
 }
 
@@ -230,6 +234,7 @@ pub const OPTION_KEYS: &[&str] = &[
     "right_column",
     "gpu_memory_limit",
     "gpus",
+    "dense_columns",
     "right_shards",
 ];
 
@@ -245,6 +250,8 @@ pub struct JoinOptions {
     pub gpu_memory_limit: Option<u64>,
     /// The GPUs to use (CUDA ordinals, in order, no repeats); None: every visible GPU.
     pub gpus: Option<Vec<usize>>,
+    /// Which right columns a GPU join multiplies on the tensor cores.
+    pub dense_columns: DenseColumnChoice,
     /// Split the right side into this many shards (row i in shard i mod n), joined as separate
     /// tasks and merged; 1: one build of the whole right side.
     pub right_shards: usize,
@@ -269,6 +276,7 @@ impl JoinOptions {
             right_column: None,
             gpu_memory_limit: None,
             gpus: None,
+            dense_columns: DenseColumnChoice::Auto,
             right_shards: 1,
         };
         for entry in config.entries() {
@@ -361,6 +369,7 @@ impl JoinOptions {
                     Some(parse_bytes("gpu_memory_limit", value).map_err(|e| message(&e))?)
             }
             "gpus" => self.gpus = Some(parse_gpus(value)?),
+            "dense_columns" => self.dense_columns = DenseColumnChoice::parse(value)?,
             "right_shards" => match value.parse::<usize>() {
                 Ok(n) if (1..=4096).contains(&n) => self.right_shards = n,
                 _ => {
@@ -387,6 +396,33 @@ impl JoinOptions {
 
 /// `0,1` → [0, 1]: CUDA ordinals, at least one, none repeated (whether they exist is checked
 /// where the join runs).
+/// Which columns of the right side a GPU join of a bilinear metric takes as a dense block on the
+/// tensor cores (option `dense_columns`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DenseColumnChoice {
+    /// Chosen by a cost model from each column's share of the right rows.
+    Auto,
+    /// None: every column through the inverted lists.
+    Off,
+    /// Every column nonzero in at least this share (0 < s <= 1) of the right rows.
+    MinShare(f64),
+}
+
+impl DenseColumnChoice {
+    fn parse(value: &str) -> std::result::Result<Self, String> {
+        match value.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "off" | "false" | "none" => Ok(Self::Off),
+            v => match v.parse::<f64>() {
+                Ok(s) if s > 0.0 && s <= 1.0 => Ok(Self::MinShare(s)),
+                _ => Err(format!(
+                    "option dense_columns must be auto, off or a share of the right rows                      above 0 and at most 1 (e.g. 0.05), got '{value}'"
+                )),
+            },
+        }
+    }
+}
+
 fn parse_gpus(value: &str) -> std::result::Result<Vec<usize>, String> {
     let bad = || {
         format!(

@@ -8,6 +8,7 @@
 use datafusion_sparse_knn::cpu::{self, CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};
 use datafusion_sparse_knn::metric::{Metric, MetricKind};
+use datafusion_sparse_knn::options::DenseColumnChoice;
 use datafusion_sparse_knn::SparseBatch;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -742,6 +743,170 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
                     assert_eq!(c.left, g.left, "{label}: left rows");
                     assert_eq!(c.right, g.right, "{label}: right rows");
                     assert_eq!(c.distance, g.distance, "{label}: distances");
+                }
+            }
+        }
+    }
+}
+
+/// Rows whose first `dense` columns are nonzero in 20-90% of the rows (the rest Zipf-sparse), with
+/// `values` drawn by the caller: raw counts or fractions. Nulls, empty rows and exact copies as
+/// in `random_rows`.
+fn rows_with_dense_columns(
+    rng: &mut StdRng,
+    n: usize,
+    dense: usize,
+    mut value: impl FnMut(&mut StdRng) -> f32,
+) -> Vec<Option<Vec<(i32, f32)>>> {
+    let mut rows: Vec<Option<Vec<(i32, f32)>>> = Vec::with_capacity(n);
+    for r in 0..n {
+        if r % 97 == 13 {
+            rows.push(None);
+        } else if r % 89 == 7 {
+            rows.push(Some(Vec::new()));
+        } else if r % 53 == 5 {
+            rows.push(rows[r / 2].clone().or(Some(Vec::new())));
+        } else {
+            let mut row = Vec::new();
+            for c in 0..dense {
+                if rng.random_bool(0.9 - 0.7 * c as f64 / dense as f64) {
+                    row.push((c as i32, value(rng)));
+                }
+            }
+            let mut sparse = std::collections::BTreeSet::new();
+            for _ in 0..rng.random_range(0..60) {
+                let z: f64 = rng.random::<f64>();
+                sparse.insert(dense as i32 + ((DIM - dense as u64) as f64).powf(z) as i32 - 1);
+            }
+            row.extend(sparse.into_iter().map(|c| (c, value(rng))));
+            if r % 3 == 0 {
+                row.reverse();
+            }
+            rows.push(Some(row));
+        }
+    }
+    rows
+}
+
+/// Bilinear metrics with their densest columns multiplied on the tensor cores (one TF32 product
+/// for counts below 2^11, the split 3xTF32 product for larger counts and for fractions) give the
+/// CPU's answers: knn with and without exclude_self, k above the kernels' top-k, radius, a left
+/// chunk with a value outside the product's range (run without it), shapes that are not
+/// multiples of the product's tiles.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_columns_on_tensor_cores_match_cpu() {
+    if !gpu_or_skip() {
+        return;
+    }
+    type Draw = fn(&mut StdRng) -> f32;
+    let draws: [(&str, Draw); 3] = [
+        ("counts below 2^11", |rng| {
+            rng.random_range(1..2048) as f32
+        }),
+        ("counts to 5000", |rng| {
+            (1.0 / rng.random::<f64>().max(2e-4)).min(5000.0).round() as f32
+        }),
+        ("fractions", |rng| rng.random_range(0.001f32..3.0)),
+    ];
+    for (seed, (label, draw)) in draws.into_iter().enumerate() {
+        let mut rng = StdRng::seed_from_u64(100 + seed as u64);
+        let right_rows = rows_with_dense_columns(&mut rng, 2999, 200, draw);
+        let right = batch(&right_rows);
+        let left = batch(&right_rows[..413]);
+        // One left row with a value beyond 2^40 in a dense column.
+        let mut far_rows = right_rows[..413].to_vec();
+        far_rows[20] = Some(vec![(0, 2.0e12), (1, 3.0), (500, 1.0)]);
+        let far = batch(&far_rows);
+        for kind in [
+            MetricKind::Dot,
+            MetricKind::Cosine,
+            MetricKind::Euclidean,
+            MetricKind::SqEuclidean,
+            MetricKind::Correlation,
+        ] {
+            let m = metric(kind, DIM);
+            let cpu_index = CpuIndex::build(&right, &m);
+            let options = GpuOptions {
+                dense_columns: DenseColumnChoice::MinShare(0.15),
+                ..GpuOptions::default()
+            };
+            let gpu_index = GpuIndex::build(&right, &m, &options).unwrap();
+            assert!(
+                gpu_index.dense_columns() >= 100,
+                "{label} {kind}: {} dense columns",
+                gpu_index.dense_columns()
+            );
+            let off = GpuIndex::build(
+                &right,
+                &m,
+                &GpuOptions {
+                    dense_columns: DenseColumnChoice::Off,
+                    ..GpuOptions::default()
+                },
+            )
+            .unwrap();
+            assert_eq!(off.dense_columns(), 0);
+            for (sel, exclude) in [
+                (Selection::Nearest(10), None),
+                (Selection::Nearest(10), Some(0i64)),
+                (Selection::Nearest(1500), Some(0i64)),
+            ] {
+                let po = ProbeOptions {
+                    exclude_self_from: exclude,
+                };
+                for (which, l) in [("left", &left), ("far left", &far)] {
+                    let c = cpu::probe(&cpu_index, l, sel, po);
+                    let name = format!("{label} {kind} {which} {sel:?} exclude={exclude:?}");
+                    compare(&name, &m, l, &right, &c, &gpu_index.probe(l, sel, po).unwrap());
+                    compare(&name, &m, l, &right, &c, &off.probe(l, sel, po).unwrap());
+                }
+            }
+            // Radius: the 10th nearest distance of the CPU's answers, median over rows.
+            let tenth = cpu::probe(&cpu_index, &left, Selection::Nearest(10), ProbeOptions::default());
+            let mut ds: Vec<f64> = tenth.distance.iter().copied().filter(|d| d.is_finite()).collect();
+            ds.sort_by(|a, b| a.total_cmp(b));
+            let radius = ds[ds.len() / 2];
+            let po = ProbeOptions::default();
+            let c = cpu::probe(&cpu_index, &left, Selection::Within(radius), po);
+            let g = gpu_index.probe(&left, Selection::Within(radius), po).unwrap();
+            let key = |p: &PairList, i: usize| ((p.left[i] as u64) << 32) | p.right[i] as u64;
+            let cset: std::collections::HashMap<u64, f64> =
+                (0..c.len()).map(|i| (key(&c, i), c.distance[i])).collect();
+            let gset: std::collections::HashMap<u64, f64> =
+                (0..g.len()).map(|i| (key(&g, i), g.distance[i])).collect();
+            assert!(c.len() > 1000, "{label} {kind}: {} radius pairs", c.len());
+            // The SPEC's allowance for the expanded forms, per pair.
+            let tol = |kk: u64, d: f64| {
+                let (l, r) = ((kk >> 32) as usize, (kk & 0xffff_ffff) as usize);
+                let scale = if matches!(
+                    kind,
+                    MetricKind::Euclidean | MetricKind::SqEuclidean | MetricKind::Correlation
+                ) {
+                    (norm2(left.row(l)) + norm2(right.row(r))).sqrt()
+                } else {
+                    0.0
+                };
+                tolerance(d, scale)
+            };
+            for (&kk, &d) in &gset {
+                match cset.get(&kk) {
+                    Some(&cd) => assert!(
+                        (cd - d).abs() <= tol(kk, cd),
+                        "{label} {kind}: pair {kk:x}: CPU {cd} GPU {d}"
+                    ),
+                    None => assert!(
+                        (d - radius).abs() <= tol(kk, radius),
+                        "{label} {kind}: GPU pair {kk:x} at {d} not on the CPU (radius {radius})"
+                    ),
+                }
+            }
+            for (&kk, &d) in &cset {
+                if !gset.contains_key(&kk) {
+                    assert!(
+                        (d - radius).abs() <= tol(kk, radius),
+                        "{label} {kind}: CPU pair {kk:x} at {d} missing on the GPU (radius {radius})"
+                    );
                 }
             }
         }

@@ -28,6 +28,11 @@ fn every_metric_module_compiles_with_nvrtc() {
             let ptx = kernels::compile(&program.source, program.name, arch)
                 .unwrap_or_else(|e| panic!("{arch} {}: {e}", program.name));
             let text = ptx.to_src();
+            // For a look at the PTX (or `ptxas` on it) without a GPU.
+            if let Ok(dir) = std::env::var("SPARSE_KNN_PTX_DIR") {
+                let path = std::path::Path::new(&dir).join(format!("{}_{arch}.ptx", program.name));
+                std::fs::write(&path, &text).unwrap();
+            }
             for name in program.kernel_names() {
                 assert!(
                     text.contains(&format!(".entry {name}(")),

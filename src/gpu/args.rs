@@ -113,5 +113,38 @@ kernel_args! {
         r_dist: DevPtr = "double*",
         r_counter: DevPtr = "u64*",
         r_cap: u64 = "u64",
+        /// Bilinear metrics with dense columns: the launch's tensor-core product (left rows of
+        /// the chunk x `dense_stride` right rows), each pair's sum over the dense columns, or 0
+        /// (null); `dense_slot` maps a column id to its dense column (-1: sparse), and those
+        /// columns' inverted lists are skipped.
+        dense: DevPtr = "const float*",
+        dense_stride: i64 = "long long",
+        dense_slot: DevPtr = "const int*",
+    }
+}
+
+kernel_args! {
+    /// The tensor-core product of the dense columns (`dense_scatter`, `dense_gemm`).
+    DenseArgs {
+        /// The left chunk (as in `FoldedArgs`) and its row count.
+        l_off: DevPtr = "const int*",
+        l_base: i64 = "long long",
+        l_idx: DevPtr = "const int*",
+        l_val: DevPtr = "const float*",
+        rows: i32 = "int",
+        col_mode: i32 = "int",
+        ncols: i32 = "int",
+        col_ids: DevPtr = "const int*",
+        dense_slot: DevPtr = "const int*",
+        /// A: the chunk's rows in the dense columns (m_pad x kp, zeroed); B: the right part's
+        /// (n_pad x kp); C = A·Bᵀ (m_pad x n_pad).
+        a: DevPtr = "float*",
+        b: DevPtr = "const float*",
+        c: DevPtr = "float*",
+        kp: i32 = "int",
+        n_pad: i32 = "int",
+        /// Set by `dense_scatter` when a left value is not a TF32 number; B's own flag.
+        a_inexact: DevPtr = "u32*",
+        b_inexact: i32 = "int",
     }
 }

@@ -66,6 +66,9 @@ pub(crate) struct Device {
     pub smem_optin: u32,
     pub smem_per_sm: u32,
     pub arch: String,
+    /// TF32 tensor cores (compute capability 8.0 or later): dense columns of bilinear metrics
+    /// go through `dense_gemm`.
+    pub tensor_cores: bool,
     /// Per metric module (keyed by a hash of its source): the loaded module or why it failed.
     modules: Mutex<HashMap<u64, std::result::Result<Arc<CudaModule>, String>>>,
     functions: Mutex<HashMap<(u64, &'static str), CudaFunction>>,
@@ -222,6 +225,7 @@ fn open(ordinal: usize) -> Result<Device> {
                 CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
             )? as u32,
             arch: format!("compute_{major}{minor}"),
+            tensor_cores: major >= 8,
             ctx,
             stream,
             ordinal,

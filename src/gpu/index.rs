@@ -19,7 +19,10 @@ use super::device::{cuda_err, is_out_of_memory, Device};
 use super::kernels::MetricProgram;
 use super::launch::{folded_fixed_smem, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW};
 use super::memory::upload;
-use super::prepare::{estimate_bytes, prepare_part, upload_part, ColumnMap, DevPart, HostPart};
+use super::prepare::{
+    choose_dense_columns, estimate_bytes, prepare_part, upload_part, ColumnMap, DenseColumns,
+    DevPart, HostPart,
+};
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{sorted_nonzeros, ExactRows, RowTotals, Semiring};
@@ -56,6 +59,11 @@ pub struct GpuIndex {
     parts_meta: Vec<(usize, usize, usize)>, // (first_row, rows, ntiles)
     tile_rows: usize,
     budget: u64,
+    /// Right columns multiplied on the tensor cores.
+    dense_count: usize,
+    /// Device bytes per left row of a launch for the dense columns' product (its row of A and
+    /// of C = A·Bᵀ); 0 without dense columns.
+    dense_row_bytes: u64,
     /// The most nonzeros of one right row (in the certified bounds).
     max_row_len: i32,
     /// Certified metrics: the exact distance of a pair (left row, right row) over the union.
@@ -106,10 +114,18 @@ struct Layout {
     tile_rows: usize,
     budget: u64,
     ranges: Vec<(usize, usize)>,
+    /// Bilinear metrics on tensor cores: the columns multiplied as a dense block.
+    dense: Option<DenseColumns>,
 }
 
 impl Layout {
-    fn of<S: Semiring>(device: &Device, right: &SparseBatch, s: &S, budget: u64) -> Self {
+    fn of<S: Semiring>(
+        device: &Device,
+        right: &SparseBatch,
+        s: &S,
+        budget: u64,
+        options: &GpuOptions,
+    ) -> Self {
         let program = MetricProgram::of(s);
         let rows = right.len();
         // Column ids: the indices themselves when the index space is not much larger than the
@@ -130,10 +146,27 @@ impl Layout {
             ColumnMap::Sorted(ids)
         };
         let tile_rows = tile_rows(device, &program);
+        // Dense columns take at most a fifth of the budget (each probe's product needs room
+        // too); none when the right side is streamed in parts anyway.
+        let dense = (program.bilinear && device.tensor_cores)
+            .then(|| choose_dense_columns(right, &columns, options.dense_columns, budget / 5))
+            .flatten()
+            .filter(|d| {
+                estimate_bytes(right, 0, rows, &program, &columns, tile_rows, Some(d))
+                    <= budget / 10 * 6
+            });
+        if let Some(d) = &dense {
+            log::debug!(
+                "GPU index: {} dense columns (of {}) on the tensor cores",
+                d.count,
+                columns.len()
+            );
+        }
 
         // Parts: one when the prepared right side fits in 60% of the budget (the rest is for
         // probes); otherwise parts of at most 30% each, streamed per probe.
-        let total_estimate = estimate_bytes(right, 0, rows, &program, &columns, tile_rows);
+        let total_estimate =
+            estimate_bytes(right, 0, rows, &program, &columns, tile_rows, dense.as_ref());
         let part_limit = if total_estimate <= budget / 10 * 6 {
             u64::MAX
         } else {
@@ -167,6 +200,7 @@ impl Layout {
             tile_rows,
             budget,
             ranges,
+            dense,
         }
     }
 
@@ -203,6 +237,7 @@ impl Layout {
                     &self.program,
                     &self.columns,
                     self.tile_rows,
+                    self.dense.as_ref(),
                 )
             })
             .collect()
@@ -392,7 +427,7 @@ impl GpuIndex {
         let (free, _) = device.memory()?;
         // Leave room for the context and other users of the device when no limit is given.
         let budget = options.memory_limit.unwrap_or(free / 10 * 8);
-        let layout = Layout::of(&device, right, s, budget);
+        let layout = Layout::of(&device, right, s, budget, options);
         let started = std::time::Instant::now();
         let (exact, host_parts) = layout.prepare_with_exact(right, s);
         let prepared = started.elapsed();
@@ -441,7 +476,7 @@ impl GpuIndex {
             let (free, _) = d.memory()?;
             budget = budget.min(options.memory_limit.unwrap_or(free / 10 * 8));
         }
-        let layout = Layout::of(&devices[0], right, s, budget);
+        let layout = Layout::of(&devices[0], right, s, budget, options);
         let same_tiles = devices
             .iter()
             .all(|d| tile_rows(d, &layout.program) == layout.tile_rows);
@@ -516,6 +551,12 @@ impl GpuIndex {
             parts_meta,
             tile_rows: layout.tile_rows,
             budget: layout.budget,
+            dense_count: layout.dense.as_ref().map_or(0, |d| d.count),
+            dense_row_bytes: layout.dense.as_ref().map_or(0, |d| {
+                (d.kp + right.len().div_ceil(super::prepare::DENSE_TILE_N)
+                    * super::prepare::DENSE_TILE_N) as u64
+                    * 4
+            }),
             max_row_len: right.max_row_len() as i32,
             exact,
             inner: Mutex::new(Inner {
@@ -542,6 +583,12 @@ impl GpuIndex {
 
     pub fn rows(&self) -> usize {
         self.rows
+    }
+
+    /// Columns of the right side multiplied as a dense block on the tensor cores (0: none; see
+    /// the `dense_columns` option).
+    pub fn dense_columns(&self) -> usize {
+        self.dense_count
     }
 
     /// Parts the right side is cut into (1 when it stays on the device between probes).
@@ -936,7 +983,7 @@ impl GpuIndex {
             let next = (r1 + step).min(left.len());
             let entries = (off[next] - off[r1]) as u64;
             // Entries go up twice for chebyshev (the raw slices and the sorted copy).
-            let add = entries * 16 + (next - r1) as u64 * (out_per_row + 12);
+            let add = entries * 16 + (next - r1) as u64 * (out_per_row + 12 + self.dense_row_bytes);
             if bytes + add > budget / 2 && r1 > r0 {
                 break;
             }

@@ -5,7 +5,7 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use datafusion::common::{exec_datafusion_err, Result};
 
-use super::args::FoldedArgs;
+use super::args::{DenseArgs, FoldedArgs};
 use crate::metric::cuda::cuda_definition;
 use crate::metric::{Params, Reduction, Semiring};
 
@@ -30,6 +30,9 @@ pub struct MetricProgram {
     pub certified: bool,
     pub similarity: bool,
     pub two_accumulators: bool,
+    /// The pair term is a constant times x·y (dot, cosine, (sq)euclidean, correlation): a sum
+    /// over dense columns is a matrix product, which the tensor cores take (`dense_gemm`).
+    pub bilinear: bool,
 }
 
 impl MetricProgram {
@@ -43,12 +46,13 @@ impl MetricProgram {
                 || S::REDUCTION == Reduction::Max,
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
+            bilinear: is_bilinear(s),
         }
     }
 
     /// The entry points of this module.
-    pub fn kernel_names(&self) -> [&'static str; 2] {
-        ["folded_knn", "folded_radius"]
+    pub fn kernel_names(&self) -> [&'static str; 4] {
+        ["folded_knn", "folded_radius", "dense_scatter", "dense_gemm"]
     }
 
     /// Accumulator bytes per right row of a tile (64-bit fixed point, see kernels/knn.cu).
@@ -61,12 +65,37 @@ impl MetricProgram {
     }
 }
 
+/// Whether `s`'s pair term is c·x·y for one constant c (and nothing else feeds the sums
+/// differently): checked on values of both signs and several magnitudes, where the products are
+/// exact in f64, so a term that is not bilinear (|x|·y, x·y², a select on a sign) shows.
+fn is_bilinear<S: Semiring>(s: &S) -> bool {
+    if S::REDUCTION != Reduction::Sum || S::TWO_ACCUMULATORS || S::LIFTED || s.has_exact_term() {
+        return false;
+    }
+    let prm = s.params();
+    let c = S::pair0(1.0, 1.0, 0.0, 0.0, &prm);
+    let points = [
+        (2.0, 3.0),
+        (-1.5, 4.0),
+        (0.25, -8.0),
+        (-3.0, -5.0),
+        (1024.0, 7.0),
+        (0.5, 0.5),
+    ];
+    c.is_finite()
+        && c != 0.0
+        && points
+            .iter()
+            .all(|&(x, y)| S::pair0(x, y, 0.0, 0.0, &prm) == c * x * y)
+}
+
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
         FoldedArgs::cuda_declaration(),
+        DenseArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }
@@ -114,4 +143,24 @@ pub fn all_programs() -> Vec<MetricProgram> {
             crate::with_semiring!(metric, s => MetricProgram::of(&s))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The metrics whose pair term is c·x·y, and only those, take the tensor-core product.
+    #[test]
+    fn bilinear_metrics_are_the_dot_product_family() {
+        let mut bilinear: Vec<&str> = all_programs()
+            .into_iter()
+            .filter(|p| p.bilinear)
+            .map(|p| p.name)
+            .collect();
+        bilinear.sort_unstable();
+        assert_eq!(
+            bilinear,
+            ["correlation", "cosine", "dot", "euclidean", "sqeuclidean"]
+        );
+    }
 }

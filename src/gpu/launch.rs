@@ -6,11 +6,14 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use datafusion::common::{exec_err, Result};
 use rayon::prelude::*;
 
-use super::args::FoldedArgs;
+use super::args::{DenseArgs, FoldedArgs};
 use super::device::{cuda_err, Device};
 use super::kernels::{MetricProgram, FOLDED_THREADS};
 use super::memory::{addr, download, upload, zeros};
-use super::prepare::{max_ranks, ColumnMap, DevPart, TOP_VALUES};
+use super::prepare::{
+    dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, DENSE_TILE_M, DENSE_TILE_N,
+    TOP_VALUES,
+};
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
 use crate::vector::SparseBatch;
@@ -113,6 +116,15 @@ impl PartLaunch<'_> {
             } else {
                 0
             };
+        // The dense columns' product, unless a left value lies outside its range (the inverted
+        // lists then take those columns too).
+        let dense = self.part.dense.as_ref().filter(|_| {
+            !self.lower_bounds
+                && !self.shared_only
+                && left.values()[e0..e1].par_iter().all(|&v| dense_value_ok(v))
+        });
+        let m_pad = (r1 - r0).div_ceil(DENSE_TILE_M) * DENSE_TILE_M;
+        let needed = needed + dense.map_or(0, |d| (m_pad * (d.kp + d.n_pad)) as u64 * 4 + 4);
         if held + needed > self.budget && r1 - r0 > 1 {
             return Ok(None);
         }
@@ -170,6 +182,22 @@ impl PartLaunch<'_> {
                 dummy_ids = zeros::<i32>(device, 1)?;
                 &dummy_ids
             }
+        };
+
+        let dense_sums = match dense {
+            Some(d) => {
+                let chunk = LeftChunk {
+                    off: &d_off,
+                    base: off[0] as i64,
+                    idx: &d_idx,
+                    val: &d_val,
+                    rows: r1 - r0,
+                    col_ids,
+                };
+                bytes += (m_pad * (d.kp + d.n_pad)) as u64 * 4;
+                Some(self.dense_product(d, &chunk, m_pad, stats)?)
+            }
+            None => None,
         };
 
         let mut pairs = PairList::default();
@@ -246,6 +274,9 @@ impl PartLaunch<'_> {
                     r_dist: addr(device, &r_dist),
                     r_counter: addr(device, &r_counter),
                     r_cap,
+                    dense: dense_sums.as_ref().map_or(0, |c| addr(device, c)),
+                    dense_stride: dense.map_or(0, |d| d.n_pad as i64),
+                    dense_slot: dense.map_or(0, |d| addr(device, &d.slot)),
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (nwork as u32, 1, 1),
@@ -331,6 +362,105 @@ impl PartLaunch<'_> {
             break;
         }
         Ok(Some(pairs))
+    }
+}
+
+/// A left chunk on the device, as the kernels read it.
+struct LeftChunk<'a> {
+    off: &'a CudaSlice<i32>,
+    base: i64,
+    idx: &'a CudaSlice<i32>,
+    val: &'a CudaSlice<f32>,
+    rows: usize,
+    col_ids: &'a CudaSlice<i32>,
+}
+
+impl PartLaunch<'_> {
+    /// The chunk's sums over the dense columns against every right row of the part, C = A·Bᵀ on
+    /// the tensor cores (`m_pad` x the part's padded rows, float32; see `dense_gemm`).
+    fn dense_product(
+        &self,
+        dense: &DevDense,
+        chunk: &LeftChunk<'_>,
+        m_pad: usize,
+        stats: &mut GpuStats,
+    ) -> Result<CudaSlice<f32>> {
+        let (device, program) = (self.device, self.program);
+        let a = zeros::<f32>(device, m_pad * dense.kp)?;
+        // SAFETY: every element of C is written by `dense_gemm` (its grid covers m_pad x n_pad
+        // exactly) before the folded kernels read it, on the same stream.
+        let c = unsafe { device.stream.alloc::<f32>(m_pad * dense.n_pad) }
+            .map_err(cuda_err("allocating device memory"))?;
+        let a_inexact = zeros::<u32>(device, 1)?;
+        let args = DenseArgs {
+            l_off: addr(device, chunk.off),
+            l_base: chunk.base,
+            l_idx: addr(device, chunk.idx),
+            l_val: addr(device, chunk.val),
+            rows: chunk.rows as i32,
+            col_mode: matches!(self.columns, ColumnMap::Sorted(_)) as i32,
+            ncols: self.columns.len() as i32,
+            col_ids: addr(device, chunk.col_ids),
+            dense_slot: addr(device, &dense.slot),
+            a: addr(device, &a),
+            b: addr(device, &dense.block),
+            c: addr(device, &c),
+            kp: dense.kp as i32,
+            n_pad: dense.n_pad as i32,
+            a_inexact: addr(device, &a_inexact),
+            b_inexact: dense.inexact as i32,
+        };
+        let start = device
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("recording an event"))?;
+        let scatter = device.function(program, "dense_scatter", 0)?;
+        let warps_per_block = 8;
+        let cfg = LaunchConfig {
+            grid_dim: (chunk.rows.div_ceil(warps_per_block).min(65_535) as u32, 1, 1),
+            block_dim: (32 * warps_per_block as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = device.stream.launch_builder(&scatter);
+        b.arg(&args);
+        // SAFETY: `DenseArgs` is the kernel's one parameter (its CUDA twin generated from it);
+        // A holds m_pad >= rows rows of kp, every slot is below kp; the buffers outlive the
+        // launch (the caller waits on the stream before they drop).
+        unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
+        let gemm = device.function(program, "dense_gemm", 0)?;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                (dense.n_pad / DENSE_TILE_N) as u32,
+                (m_pad / DENSE_TILE_M) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = device.stream.launch_builder(&gemm);
+        b.arg(&args);
+        // SAFETY: as above; A is m_pad x kp, B n_pad x kp, C m_pad x n_pad, all multiples of the
+        // kernel's tiles (m_pad of DENSE_TILE_M, n_pad of DENSE_TILE_N, kp of DENSE_TILE_K).
+        unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
+        let end = device
+            .stream
+            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(cuda_err("recording an event"))?;
+        end.synchronize()
+            .map_err(cuda_err("running the dense product"))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(cuda_err("timing the kernel"))?;
+        stats.kernel_nanos += (ms as f64 * 1e6) as u64;
+        log::debug!(
+            "GPU {} dense_gemm: {} left rows x {} right rows x {} columns ({} passes): {ms:.2} ms",
+            program.name,
+            chunk.rows,
+            self.part_rows,
+            dense.kp,
+            if dense.inexact { "3" } else { "1-2" },
+        );
+        Ok(c)
     }
 }
 

@@ -56,11 +56,20 @@ pub(crate) struct HostPart {
     /// ([`max_ranks`]); empty otherwise.
     pub(crate) col_ranks: Vec<u8>,
     pub(crate) r_top: Vec<f32>,
+    /// Bilinear metrics with dense columns ([`DenseColumns`]): the part's rows in those columns
+    /// (padded rows x `kp`, row-major), the column ids' slots, and whether some value is not a
+    /// TF32 number (the product then splits it); empty otherwise.
+    pub(crate) dense_block: Vec<f32>,
+    pub(crate) dense_slot: Vec<i32>,
+    pub(crate) dense_kp: usize,
+    pub(crate) dense_inexact: bool,
 }
 
 impl HostPart {
     pub(crate) fn device_bytes(&self) -> u64 {
-        (self.valid_bits.len() * 4
+        (self.dense_block.len() * 4
+            + self.dense_slot.len() * 4
+            + self.valid_bits.len() * 4
             + self.rt0.len() * 8
             + self.rt1.len() * 8
             + self.tile_ptr.len() * 4
@@ -84,6 +93,180 @@ pub(crate) struct DevPart {
     pub(crate) y_min: f64,
     pub(crate) y_max: f64,
     pub(crate) bytes: u64,
+    /// The dense columns' block on the device (see [`HostPart::dense_block`]).
+    pub(crate) dense: Option<DevDense>,
+}
+
+/// A part's dense columns on the device.
+pub(crate) struct DevDense {
+    pub(crate) block: CudaSlice<f32>,
+    pub(crate) slot: CudaSlice<i32>,
+    /// Dense columns (padded) and rows (padded) of `block`.
+    pub(crate) kp: usize,
+    pub(crate) n_pad: usize,
+    pub(crate) inexact: bool,
+}
+
+/// Rows of C = A·Bᵀ per block of `dense_gemm` (the left chunk is padded to it).
+pub(crate) const DENSE_TILE_M: usize = 128;
+/// Right rows per block of `dense_gemm` (a part's block is padded to it).
+pub(crate) const DENSE_TILE_N: usize = 64;
+/// Dense columns per step of `dense_gemm` (the block's width is padded to it).
+pub(crate) const DENSE_TILE_K: usize = 32;
+/// Values of a dense column must lie in [2^-40, 2^40] (or be 0): their float32 products and
+/// sums then neither underflow nor overflow. A column with others stays sparse; a left chunk
+/// with others runs without the product.
+pub(crate) const DENSE_MIN_ABS: f32 = 9.094947e-13; // 2^-40
+pub(crate) const DENSE_MAX_ABS: f32 = 1.0995116e12; // 2^40
+
+/// Whether `v` is within the dense product's range (see [`DENSE_MIN_ABS`]).
+pub(crate) fn dense_value_ok(v: f32) -> bool {
+    v == 0.0 || (DENSE_MIN_ABS..=DENSE_MAX_ABS).contains(&v.abs())
+}
+
+/// The columns of the right side that the tensor cores take as a dense block (bilinear metrics).
+#[derive(Debug, Clone)]
+pub(crate) struct DenseColumns {
+    /// Per column id: its place in the dense block, or -1.
+    pub(crate) slot: Vec<i32>,
+    /// How many, and the block's width (padded to [`DENSE_TILE_K`]).
+    pub(crate) count: usize,
+    pub(crate) kp: usize,
+}
+
+/// Cost of one multiply-add of the dense product per TF32 pass, in units of one inverted-list
+/// entry walked by the folded kernels. A column of share ρ of the rows costs about ρ² entries
+/// per pair of rows in the lists and this per pass as a dense column.
+const DENSE_MAC_COST: f64 = 2.5e-3;
+/// Cost per pair of rows of the product's output (written, then read by the folded kernels), in
+/// the same unit: the dense columns must save more than this together.
+const DENSE_PAIR_COST: f64 = 0.2;
+
+/// Chooses the dense columns of `right` for `choice`, within `max_bytes` of dense block; None
+/// when none is worth it (or allowed).
+pub(crate) fn choose_dense_columns(
+    right: &SparseBatch,
+    columns: &ColumnMap,
+    choice: crate::options::DenseColumnChoice,
+    max_bytes: u64,
+) -> Option<DenseColumns> {
+    use crate::options::DenseColumnChoice;
+    let rows = right.len();
+    if choice == DenseColumnChoice::Off || rows == 0 {
+        return None;
+    }
+    let ncols = columns.len();
+    // Per column: nonzeros, values outside the product's range, values that are not TF32.
+    let nchunks = (rayon::current_num_threads() * 2)
+        .min((256 << 20) / (ncols.max(1) * 6))
+        .clamp(1, rows);
+    let per_chunk: Vec<(Vec<u32>, Vec<bool>, bool)> = (0..nchunks)
+        .into_par_iter()
+        .map(|ch| {
+            let mut counts = vec![0u32; ncols];
+            let mut bad = vec![false; ncols];
+            let mut inexact = false;
+            for r in rows * ch / nchunks..rows * (ch + 1) / nchunks {
+                let (idx, val) = right.row(r);
+                for (&c, &v) in idx.iter().zip(val) {
+                    if v != 0.0 {
+                        let id = columns.get(c).expect("a column of the right side") as usize;
+                        counts[id] += 1;
+                        bad[id] |= !dense_value_ok(v);
+                        inexact |= v.to_bits() & 0x1fff != 0;
+                    }
+                }
+            }
+            (counts, bad, inexact)
+        })
+        .collect();
+    let mut counts = vec![0u64; ncols];
+    let mut bad = vec![false; ncols];
+    let mut inexact = false;
+    for (c, b, i) in &per_chunk {
+        for id in 0..ncols {
+            counts[id] += c[id] as u64;
+            bad[id] |= b[id];
+        }
+        inexact |= i;
+    }
+    let mut order: Vec<usize> = (0..ncols).filter(|&c| !bad[c] && counts[c] > 0).collect();
+    order.sort_by(|&a, &b| counts[b].cmp(&counts[a]).then(a.cmp(&b)));
+    let share = |c: usize| counts[c] as f64 / rows as f64;
+    let mut chosen: Vec<usize> = match choice {
+        DenseColumnChoice::Off => unreachable!("handled above"),
+        DenseColumnChoice::MinShare(min) => {
+            order.into_iter().take_while(|&c| share(c) >= min).collect()
+        }
+        DenseColumnChoice::Auto => {
+            // The left side is taken to look like the right (a self-join's does), and to need
+            // the split product when the right side does (3 passes instead of 1).
+            let passes = if inexact { 3.0 } else { 1.0 };
+            let taken: Vec<usize> = order
+                .into_iter()
+                .take_while(|&c| share(c) * share(c) > DENSE_MAC_COST * passes)
+                .collect();
+            let saved: f64 = taken
+                .iter()
+                .map(|&c| share(c) * share(c) - DENSE_MAC_COST * passes)
+                .sum();
+            if saved > DENSE_PAIR_COST {
+                taken
+            } else {
+                Vec::new()
+            }
+        }
+    };
+    // Within the memory given (the densest kept).
+    let n_pad = rows.div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
+    let max_cols = (max_bytes / (n_pad as u64 * 4)) as usize / DENSE_TILE_K * DENSE_TILE_K;
+    chosen.truncate(max_cols);
+    if chosen.is_empty() {
+        return None;
+    }
+    let mut slot = vec![-1i32; ncols];
+    for (i, &c) in chosen.iter().enumerate() {
+        slot[c] = i as i32;
+    }
+    Some(DenseColumns {
+        count: chosen.len(),
+        kp: chosen.len().div_ceil(DENSE_TILE_K) * DENSE_TILE_K,
+        slot,
+    })
+}
+
+/// The dense block of rows `start..end` (see [`HostPart::dense_block`]), and whether some value
+/// in it is not a TF32 number.
+fn dense_block(
+    right: &SparseBatch,
+    columns: &ColumnMap,
+    dense: &DenseColumns,
+    start: usize,
+    end: usize,
+) -> (Vec<f32>, bool) {
+    let kp = dense.kp;
+    let n_pad = (end - start).div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
+    let mut block = vec![0f32; n_pad * kp];
+    let inexact = block
+        .par_chunks_mut(kp)
+        .take(end - start)
+        .enumerate()
+        .map(|(i, out)| {
+            let (idx, val) = right.row(start + i);
+            let mut inexact = false;
+            for (&c, &v) in idx.iter().zip(val) {
+                if v != 0.0 {
+                    let slot = dense.slot[columns.get(c).expect("a right column") as usize];
+                    if slot >= 0 {
+                        out[slot as usize] = v;
+                        inexact |= v.to_bits() & 0x1fff != 0;
+                    }
+                }
+            }
+            inexact
+        })
+        .reduce(|| false, |a, b| a | b);
+    (block, inexact)
 }
 
 /// A rough size of rows `start..end` prepared for the device (to decide on parts).
@@ -94,8 +277,13 @@ pub(crate) fn estimate_bytes(
     program: &MetricProgram,
     columns: &ColumnMap,
     tile_rows: usize,
+    dense: Option<&DenseColumns>,
 ) -> u64 {
     let rows = (end - start) as u64;
+    let dense_bytes = dense.map_or(0, |d| {
+        (rows.div_ceil(DENSE_TILE_N as u64) * DENSE_TILE_N as u64) * d.kp as u64 * 4
+            + columns.len() as u64 * 4
+    });
     let nnz = (right.offsets()[end] - right.offsets()[start]) as u64;
     let ntiles = (end - start).div_ceil(tile_rows.max(1)) as u64;
     let max_extra = if program.max_reduction {
@@ -105,6 +293,7 @@ pub(crate) fn estimate_bytes(
     };
     nnz * 8
         + max_extra
+        + dense_bytes
         + rows * 2 * program.acc_bytes() as u64
         + columns.len() as u64 * 4 * (ntiles + 1)
         + rows / 8
@@ -131,6 +320,7 @@ pub(crate) fn prepare_part(
     program: &MetricProgram,
     columns: &ColumnMap,
     tile_rows: usize,
+    dense: Option<&DenseColumns>,
 ) -> HostPart {
     let rows = end - start;
     let mut part = HostPart {
@@ -139,6 +329,13 @@ pub(crate) fn prepare_part(
         valid_bits: valid_bits(right, start, end),
         ..Default::default()
     };
+    if let Some(dense) = dense {
+        // The dense columns stay in the inverted lists too: a left chunk with values outside
+        // the product's range runs without it.
+        (part.dense_block, part.dense_inexact) = dense_block(right, columns, dense, start, end);
+        part.dense_slot = dense.slot.clone();
+        part.dense_kp = dense.kp;
+    }
     part.rt0 = totals[start..end].iter().map(|t| t.t0).collect();
     part.rt1 = totals[start..end].iter().map(|t| t.t1).collect();
     let (o0, o1) = (
@@ -333,6 +530,17 @@ pub(crate) fn upload_part(
         y_min: host.y_min,
         y_max: host.y_max,
         bytes: host.device_bytes(),
+        dense: if host.dense_kp > 0 {
+            Some(DevDense {
+                block: upload(device, &host.dense_block, stats)?,
+                slot: upload(device, &host.dense_slot, stats)?,
+                kp: host.dense_kp,
+                n_pad: host.dense_block.len() / host.dense_kp,
+                inexact: host.dense_inexact,
+            })
+        } else {
+            None
+        },
     })
 }
 
@@ -371,7 +579,7 @@ mod tests {
                 .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
                 .collect();
             let program = MetricProgram::of(&s);
-            prepare_part(&right, &totals, 0, right.len(), &program, &ColumnMap::Direct(ncols), tile_rows)
+            prepare_part(&right, &totals, 0, right.len(), &program, &ColumnMap::Direct(ncols), tile_rows, None)
         });
         let mut columns: Vec<Vec<(u32, f32)>> = vec![Vec::new(); ncols];
         for (r, row) in rows.iter().enumerate() {
@@ -396,6 +604,104 @@ mod tests {
                     inside.iter().all(|&r| r as usize / tile_rows == t),
                     "column {c}, tile {t}"
                 );
+            }
+        }
+    }
+
+    /// Rows whose column c (of 0..8) is nonzero in about (8 - c) / 8 of them, plus sparse
+    /// columns 100.. each in a few rows; values are counts, or fractions where `fractions`.
+    fn shares_batch(rows: usize, fractions: bool) -> SparseBatch {
+        let mut rng = StdRng::seed_from_u64(7);
+        let rows: Vec<Vec<(i32, f32)>> = (0..rows)
+            .map(|r| {
+                let mut row: Vec<(i32, f32)> = (0..8)
+                    .filter(|c| (r % 8) < 8 - *c as usize)
+                    .map(|c| {
+                        let v = rng.random_range(1..100) as f32;
+                        (c, if fractions { v / 7.0 } else { v })
+                    })
+                    .collect();
+                row.push((100 + (r % 5000) as i32, 1.0));
+                row
+            })
+            .collect();
+        SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())))
+    }
+
+    #[test]
+    fn dense_columns_are_the_densest_within_the_choice_and_memory() {
+        use crate::options::DenseColumnChoice;
+        let right = shares_batch(4000, false);
+        let columns = ColumnMap::Direct(right.max_dim());
+        let unlimited = u64::MAX;
+        assert!(choose_dense_columns(&right, &columns, DenseColumnChoice::Off, unlimited).is_none());
+        // Shares 1, 7/8, ..., 1/8: at least 0.3 takes columns 0..=5 (6/8 = 0.75 .. 3/8).
+        let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.3), unlimited)
+            .unwrap();
+        assert_eq!(d.count, 6);
+        assert_eq!(d.kp, DENSE_TILE_K);
+        for c in 0..columns.len() {
+            assert_eq!(d.slot[c] >= 0, c < 6, "column {c}");
+        }
+        // The slots are in order of share (densest first).
+        assert_eq!(&d.slot[..6], &[0, 1, 2, 3, 4, 5]);
+        // Auto: counts need one TF32 pass; every column with share² above its cost is taken.
+        let auto = choose_dense_columns(&right, &columns, DenseColumnChoice::Auto, unlimited)
+            .unwrap();
+        assert_eq!(auto.count, 8);
+        // Fractions need the split product (three passes): the same columns still pay here.
+        let split = shares_batch(4000, true);
+        let auto = choose_dense_columns(&split, &columns, DenseColumnChoice::Auto, unlimited)
+            .unwrap();
+        assert_eq!(auto.count, 8);
+        // Uniformly sparse columns are not worth a product.
+        let sparse_rows: Vec<Vec<(i32, f32)>> =
+            (0..4000).map(|r| vec![((r % 3000) as i32, 2.0)]).collect();
+        let sparse = SparseBatch::from_rows(sparse_rows.iter().map(|r| Some(r.as_slice())));
+        let sparse_cols = ColumnMap::Direct(sparse.max_dim());
+        assert!(choose_dense_columns(&sparse, &sparse_cols, DenseColumnChoice::Auto, unlimited)
+            .is_none());
+        // Memory for 32 columns of 4,032 padded rows holds only 32 (one tile of columns).
+        let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), 4032 * 4 * 40)
+            .unwrap();
+        assert_eq!(d.count, 8);
+        assert!(
+            choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), 4032 * 4 * 31)
+                .is_none()
+        );
+        // A column with a value outside the product's range stays sparse.
+        let mut rows: Vec<Vec<(i32, f32)>> = (0..100).map(|_| vec![(0, 1.0), (1, 2.0)]).collect();
+        rows[50][1].1 = 3.0e12;
+        let odd = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        let d = choose_dense_columns(&odd, &ColumnMap::Direct(2), DenseColumnChoice::MinShare(0.5), unlimited)
+            .unwrap();
+        assert_eq!((d.count, d.slot[0], d.slot[1]), (1, 0, -1));
+    }
+
+    #[test]
+    fn the_dense_block_holds_each_rows_dense_values() {
+        use crate::options::DenseColumnChoice;
+        for fractions in [false, true] {
+            let right = shares_batch(1000, fractions);
+            let columns = ColumnMap::Direct(right.max_dim());
+            let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.5), u64::MAX)
+                .unwrap();
+            let (start, end) = (100, 777);
+            let (block, inexact) = dense_block(&right, &columns, &d, start, end);
+            assert_eq!(inexact, fractions, "1/7 is not a TF32 number; counts below 2^11 are");
+            let n_pad = (end - start).div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
+            assert_eq!(block.len(), n_pad * d.kp);
+            for r in 0..n_pad {
+                let mut want = vec![0f32; d.kp];
+                if r < end - start {
+                    let (idx, val) = right.row(start + r);
+                    for (&c, &v) in idx.iter().zip(val) {
+                        if d.slot[c as usize] >= 0 {
+                            want[d.slot[c as usize] as usize] = v;
+                        }
+                    }
+                }
+                assert_eq!(&block[r * d.kp..(r + 1) * d.kp], &want[..], "row {r}");
             }
         }
     }

@@ -3,13 +3,25 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Settings of one GPU join.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct GpuOptions {
     /// Device memory the operator may use on each GPU, in bytes (None: most of the device's
     /// free memory).
     pub memory_limit: Option<u64>,
     /// The CUDA ordinals to use (None: every visible GPU).
     pub gpus: Option<Vec<usize>>,
+    /// Right columns multiplied on the tensor cores (bilinear metrics).
+    pub dense_columns: crate::options::DenseColumnChoice,
+}
+
+impl Default for GpuOptions {
+    fn default() -> Self {
+        GpuOptions {
+            memory_limit: None,
+            gpus: None,
+            dense_columns: crate::options::DenseColumnChoice::Auto,
+        }
+    }
 }
 
 /// Counters an operator reports in EXPLAIN ANALYZE.

@@ -652,6 +652,7 @@ fn gpu_options(spec: &JoinSpec) -> GpuOptions {
     GpuOptions {
         memory_limit: spec.options.gpu_memory_limit,
         gpus: spec.options.gpus.clone(),
+        dense_columns: spec.options.dense_columns,
     }
 }
 
