@@ -469,27 +469,49 @@ extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a
 extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
 
 // ---------------------------------------------------------------------------------------------
-// Dense columns on the tensor cores (bilinear metrics: dot, cosine, (sq)euclidean, correlation).
-// The right side's densest columns are also kept as a dense block B (right rows x kp, row-major);
-// a launch scatters its left rows' values in those columns into A (rows x kp) and `dense_gemm`
-// computes C = A·Bᵀ, which the folded kernels take as each pair's starting sum (the inverted lists
-// of those columns are skipped). TF32 keeps 10 of float32's 23 mantissa bits, so an operand whose
-// values are not all TF32 numbers is split into hi + lo TF32 parts and the product taken as
-// hi·hi + hi·lo + lo·hi (3xTF32: float32 accuracy). Raw counts below 2^11 are TF32 numbers and
-// need one product. Tensor cores add in float32 with truncation; the running sums are moved into
-// float64 every DENSE_FLUSH columns, so the error stays that of 64-term float32 sums.
+// Dense columns on the tensor cores (dot, cosine). The right side's densest columns are also kept
+// as a dense block B (right rows x kp, row-major); a launch scatters its left rows' values in
+// those columns into A (rows x kp) and `dense_gemm` computes C = A·Bᵀ, which the folded kernels
+// take as each pair's starting sum (the inverted lists of those columns are skipped).
+// Operands: where every value of both is an integer of magnitude at most 2048 (raw counts), as
+// half precision, whose products are exact (m16n8k16, the fastest form); otherwise as TF32,
+// which keeps 10 of float32's 23 mantissa bits, so an operand whose values are not all TF32
+// numbers is split into hi + lo parts and the product taken as hi·hi + hi·lo + lo·hi (3xTF32:
+// float32 accuracy). Tensor cores add in float32 with truncation; their sums are moved into a
+// float32 running sum (rounded to nearest) every DENSE_FLUSH columns.
 
 #define DG_BM 128
-#define DG_BN 64
-#define DG_BK 32
-#define DG_LD (DG_BK + 4)
+#define DG_BN 128
+// 32-bit words of k per tile row (32 floats or 64 halves: 128 bytes), and the padded row.
+#define DG_BKW 32
+#define DG_LD (DG_BKW + 4)
+#define DG_STAGE_WORDS ((DG_BM + DG_BN) * DG_LD)
 #define DENSE_FLUSH 64
+// Value flags: not a TF32 number (bit 0); not an integer of magnitude <= 2048 (bit 1).
+#define DENSE_NOT_TF32 1u
+#define DENSE_NOT_HALF 2u
 
-// Left rows' values in the dense columns, into A (zeroed before): a warp per row. Flags a value
-// that is not a TF32 number (its low 13 mantissa bits set).
+__device__ __forceinline__ u32 dense_flags(float v) {
+    u32 f = (__float_as_uint(v) & 0x1fffu) ? DENSE_NOT_TF32 : 0u;
+    if (!(v == rintf(v) && fabsf(v) <= 2048.0f)) f |= DENSE_NOT_HALF;
+    return f;
+}
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ unsigned short to_half(float v) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(v));
+    return h;
+}
+#endif
+
+// Left rows' values in the dense columns, into A and its half copy A16 (both zeroed before): a
+// warp per row. ORs every value's flags into `a_flags`.
 extern "C" __global__ void dense_scatter(const DenseArgs a) {
+#if __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x & 31;
     const int warps = gridDim.x * (blockDim.x >> 5);
+    u32 flags = 0;
     for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
         const long long s = (long long)a.l_off[r] - a.l_base;
         const long long e = (long long)a.l_off[r + 1] - a.l_base;
@@ -501,15 +523,38 @@ extern "C" __global__ void dense_scatter(const DenseArgs a) {
             const int slot = a.dense_slot[col];
             if (slot < 0) continue;
             a.a[(size_t)r * a.kp + slot] = v;
-            if (__float_as_uint(v) & 0x1fffu) *a.a_inexact = 1u;
+            a.a16[(size_t)r * a.kp + slot] = to_half(v);
+            flags |= dense_flags(v);
         }
     }
+    if (flags) atomicOr(a.a_flags, flags);
+#endif
+}
+
+// The right part's dense block B (and its half copy B16 when it has one), zeroed before, from
+// the dense columns' inverted lists already on the device: a warp per column.
+extern "C" __global__ void dense_fill(const DenseFillArgs a) {
+#if __CUDA_ARCH__ >= 800
+    const int lane = threadIdx.x & 31;
+    const int warps = gridDim.x * (blockDim.x >> 5);
+    for (int c = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); c < a.ncols; c += warps) {
+        const int slot = a.dense_slot[c];
+        if (slot < 0) continue;
+        const u32* tp = a.tile_ptr + (size_t)c * (a.ntiles + 1);
+        for (u32 pos = tp[0] + lane; pos < tp[a.ntiles]; pos += 32) {
+            const size_t at = (size_t)a.col_rows[pos] * a.kp + slot;
+            const float v = a.col_vals[pos];
+            a.b[at] = v;
+            if (a.b16) a.b16[at] = to_half(v);
+        }
+    }
+#endif
 }
 
 #if __CUDA_ARCH__ >= 800
-__device__ __forceinline__ u32 to_tf32(float v) {
+__device__ __forceinline__ u32 to_tf32(u32 bits) {
     u32 r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(__uint_as_float(bits)));
     return r;
 }
 
@@ -520,121 +565,155 @@ __device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void cp_async16(u32* smem, const void* gmem) {
+    unsigned s;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem));
+}
 #endif
 
-// C (m_pad x n_pad, float32) = A (m_pad x kp) · B (n_pad x kp)ᵀ. A block computes 128 x 64 of C
-// with 8 warps of 32 x 32 (mma.m16n8k8: 2 x 4 tiles a warp); tiles of 32 columns go through
-// shared memory, the next one loaded into registers while the current one is multiplied.
-extern "C" __global__ void __launch_bounds__(256) dense_gemm(const DenseArgs a) {
+// C (m_pad x n_pad, float32) = A (m_pad x kp) · B (n_pad x kp)ᵀ. A block computes 128 x 128 of C
+// with 8 warps of 64 x 32; tiles of 128 bytes of k per row (32 TF32 or 64 half columns) are
+// copied into shared memory (cp.async, two stages) while the previous one is multiplied. Both
+// operand kinds share one shared-memory layout of 32-bit words, and the same words feed the
+// m16n8k8 TF32 and the m16n8k16 half fragments (a word holds one TF32 column or two half ones).
+extern "C" __global__ void __launch_bounds__(256, 1) dense_gemm(const DenseArgs a) {
 #if __CUDA_ARCH__ >= 800
-    __shared__ __align__(16) float As[DG_BM * DG_LD];
-    __shared__ __align__(16) float Bs[DG_BN * DG_LD];
+    extern __shared__ __align__(16) u32 dg_smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
     const size_t m0 = (size_t)blockIdx.y * DG_BM, n0 = (size_t)blockIdx.x * DG_BN;
-    const int kp = a.kp;
-    const bool a_lo = *a.a_inexact != 0u;
-    const bool b_lo = a.b_inexact != 0;
-    const float* A = a.a;
-    const float* Bm = a.b;
+    const u32 af = *a.a_flags, bf = (u32)a.b_flags;
+    const bool half = !((af | bf) & DENSE_NOT_HALF);
+    const bool a_lo = !half && (af & DENSE_NOT_TF32);
+    const bool b_lo = !half && (bf & DENSE_NOT_TF32);
+    const size_t row_bytes = (size_t)a.kp * (half ? 2 : 4);
+    const char* A = half ? (const char*)a.a16 : (const char*)a.a;
+    const char* Bm = half ? (const char*)a.b16 : (const char*)a.b;
+    const int nk = (int)(row_bytes / 128);
+    // Tiles of DENSE_FLUSH columns between moves into the running sums.
+    const int flush_every = half ? 1 : 2;
 
-    float acc[2][4][4];
-    double dacc[2][4][4];
+    float acc[4][4][4], sum[4][4][4];
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j)
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
                 acc[i][j][q] = 0.0f;
-                dacc[i][j][q] = 0.0;
+                sum[i][j][q] = 0.0f;
             }
 
-    float4 ra[4], rb[2];
-    auto load = [&](int k0) {
+    // A stage: A's 128 rows then B's, each DG_LD words; 8 chunks of 16 bytes per row.
+    auto load = [&](int stage, int kt) {
+        u32* st = dg_smem + stage * DG_STAGE_WORDS;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
-            ra[i] = *(const float4*)(A + (m0 + row) * kp + k0 + c4 * 4);
+        for (int i = 0; i < 8; ++i) {
+            const int f = tid + i * 256, row = f >> 3, ch = f & 7;
+            const char* src = row < DG_BM
+                ? A + (m0 + row) * row_bytes + (size_t)kt * 128 + ch * 16
+                : Bm + (n0 + row - DG_BM) * row_bytes + (size_t)kt * 128 + ch * 16;
+            cp_async16(st + row * DG_LD + ch * 4, src);
         }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
-            rb[i] = *(const float4*)(Bm + (n0 + row) * kp + k0 + c4 * 4);
-        }
+        asm volatile("cp.async.commit_group;");
     };
-    load(0);
-    const int nk = kp / DG_BK;
+    load(0, 0);
     for (int kt = 0; kt < nk; ++kt) {
-        __syncthreads();
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
-            *(float4*)(As + row * DG_LD + c4 * 4) = ra[i];
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const int f = tid + i * 256, row = f >> 3, c4 = f & 7;
-            *(float4*)(Bs + row * DG_LD + c4 * 4) = rb[i];
+        if (kt + 1 < nk) {
+            load((kt + 1) & 1, kt + 1);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
         }
         __syncthreads();
-        if (kt + 1 < nk) load((kt + 1) * DG_BK);
+        const u32* As = dg_smem + (kt & 1) * DG_STAGE_WORDS;
+        const u32* Bs = As + DG_BM * DG_LD;
 #pragma unroll
-        for (int kk = 0; kk < DG_BK; kk += 8) {
-            u32 ah[2][4], al[2][4], bh[4][2], bl[4][2];
+        for (int kw = 0; kw < DG_BKW; kw += 8) {
+            u32 aw[4][4], bw[4][2];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const float* p = As + (wm + i * 16 + g) * DG_LD + kk + t;
-                const float v[4] = {p[0], p[8 * DG_LD], p[4], p[8 * DG_LD + 4]};
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    ah[i][q] = to_tf32(v[q]);
-                    al[i][q] = a_lo ? to_tf32(v[q] - __uint_as_float(ah[i][q])) : 0u;
-                }
+            for (int i = 0; i < 4; ++i) {
+                const u32* p = As + (wm + i * 16 + g) * DG_LD + kw + t;
+                aw[i][0] = p[0];
+                aw[i][1] = p[8 * DG_LD];
+                aw[i][2] = p[4];
+                aw[i][3] = p[8 * DG_LD + 4];
             }
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-                const float* p = Bs + (wn + j * 8 + g) * DG_LD + kk + t;
-                const float v[2] = {p[0], p[4]};
-#pragma unroll
-                for (int q = 0; q < 2; ++q) {
-                    bh[j][q] = to_tf32(v[q]);
-                    bl[j][q] = b_lo ? to_tf32(v[q] - __uint_as_float(bh[j][q])) : 0u;
-                }
+                const u32* p = Bs + (wn + j * 8 + g) * DG_LD + kw + t;
+                bw[j][0] = p[0];
+                bw[j][1] = p[4];
             }
+            if (half) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+                for (int i = 0; i < 4; ++i)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    // The small parts first, then hi·hi.
-                    if (a_lo) mma_tf32(acc[i][j], al[i], bh[j]);
-                    if (b_lo) mma_tf32(acc[i][j], ah[i], bl[j]);
-                    mma_tf32(acc[i][j], ah[i], bh[j]);
-                }
+                    for (int j = 0; j < 4; ++j) mma_f16(acc[i][j], aw[i], bw[j]);
+            } else {
+                u32 ah[4][4], al[4][4], bh[4][2], bl[4][2];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        ah[i][q] = to_tf32(aw[i][q]);
+                        al[i][q] = a_lo ? to_tf32(__float_as_uint(__uint_as_float(aw[i][q])
+                                                                  - __uint_as_float(ah[i][q])))
+                                        : 0u;
+                    }
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        bh[j][q] = to_tf32(bw[j][q]);
+                        bl[j][q] = b_lo ? to_tf32(__float_as_uint(__uint_as_float(bw[j][q])
+                                                                  - __uint_as_float(bh[j][q])))
+                                        : 0u;
+                    }
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        // The small parts first, then hi·hi.
+                        if (a_lo) mma_tf32(acc[i][j], al[i], bh[j]);
+                        if (b_lo) mma_tf32(acc[i][j], ah[i], bl[j]);
+                        mma_tf32(acc[i][j], ah[i], bh[j]);
+                    }
+            }
         }
-        if (((kt + 1) * DG_BK) % DENSE_FLUSH == 0 || kt + 1 == nk) {
+        if ((kt + 1) % flush_every == 0 || kt + 1 == nk) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i)
+            for (int i = 0; i < 4; ++i)
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
 #pragma unroll
                     for (int q = 0; q < 4; ++q) {
-                        dacc[i][j][q] += (double)acc[i][j][q];
+                        sum[i][j][q] += acc[i][j][q];
                         acc[i][j][q] = 0.0f;
                     }
         }
+        __syncthreads();
     }
     // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const size_t row = m0 + wm + i * 16 + g, col = n0 + wn + j * 8 + 2 * t;
             float* out = a.c + row * (size_t)a.n_pad + col;
-            *(float2*)out = make_float2((float)dacc[i][j][0], (float)dacc[i][j][1]);
-            *(float2*)(out + 8 * (size_t)a.n_pad) =
-                make_float2((float)dacc[i][j][2], (float)dacc[i][j][3]);
+            *(float2*)out = make_float2(sum[i][j][0], sum[i][j][1]);
+            *(float2*)(out + 8 * (size_t)a.n_pad) = make_float2(sum[i][j][2], sum[i][j][3]);
         }
 #endif
 }

@@ -90,8 +90,8 @@ sparse_knn_settings! {
         pub gpu_memory_limit: String = String::new(),
         /// The GPUs a join uses, as CUDA ordinals, e.g. '0,1' (empty: every visible GPU).
         pub gpus: String = String::new(),
-        /// GPU, bilinear metrics (dot, cosine, (sq)euclidean, correlation): columns of the
-        /// right side taken as a dense block by the tensor cores: auto (chosen by density), off,
+        /// GPU, dot and cosine: columns of the right side taken as a dense block by the
+        /// tensor cores: auto (chosen by density), off,
         /// or a share of the right rows, e.g. 0.05 (every column nonzero in at least 5% of them).
         pub dense_columns: String = "auto".to_string(),
     }

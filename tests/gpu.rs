@@ -788,9 +788,9 @@ fn rows_with_dense_columns(
     rows
 }
 
-/// Bilinear metrics with their densest columns multiplied on the tensor cores (one TF32 product
-/// for counts below 2^11, the split 3xTF32 product for larger counts and for fractions) give the
-/// CPU's answers: knn with and without exclude_self, k above the kernels' top-k, radius, a left
+/// dot and cosine with their densest columns multiplied on the tensor cores (the half-precision
+/// product for counts up to 2048, the split 3xTF32 product for larger counts and for fractions)
+/// give the CPU's answers: knn with and without exclude_self, k above the kernels' top-k, radius, a left
 /// chunk with a value outside the product's range (run without it), shapes that are not
 /// multiples of the product's tiles.
 #[test]
@@ -800,9 +800,12 @@ fn dense_columns_on_tensor_cores_match_cpu() {
         return;
     }
     type Draw = fn(&mut StdRng) -> f32;
-    let draws: [(&str, Draw); 3] = [
+    let draws: [(&str, Draw); 4] = [
         ("counts below 2^11", |rng| {
             rng.random_range(1..2048) as f32
+        }),
+        ("even counts to 8000 (TF32 numbers)", |rng| {
+            (rng.random_range(1..2000) * 4) as f32
         }),
         ("counts to 5000", |rng| {
             (1.0 / rng.random::<f64>().max(2e-4)).min(5000.0).round() as f32
@@ -818,13 +821,20 @@ fn dense_columns_on_tensor_cores_match_cpu() {
         let mut far_rows = right_rows[..413].to_vec();
         far_rows[20] = Some(vec![(0, 2.0e12), (1, 3.0), (500, 1.0)]);
         let far = batch(&far_rows);
+        // The expanded forms cancel near zero, beyond float32 products: they keep the lists.
         for kind in [
-            MetricKind::Dot,
-            MetricKind::Cosine,
             MetricKind::Euclidean,
             MetricKind::SqEuclidean,
             MetricKind::Correlation,
         ] {
+            let options = GpuOptions {
+                dense_columns: DenseColumnChoice::MinShare(0.15),
+                ..GpuOptions::default()
+            };
+            let index = GpuIndex::build(&right, &metric(kind, DIM), &options).unwrap();
+            assert_eq!(index.dense_columns(), 0, "{kind}");
+        }
+        for kind in [MetricKind::Dot, MetricKind::Cosine] {
             let m = metric(kind, DIM);
             let cpu_index = CpuIndex::build(&right, &m);
             let options = GpuOptions {

@@ -136,15 +136,35 @@ kernel_args! {
         ncols: i32 = "int",
         col_ids: DevPtr = "const int*",
         dense_slot: DevPtr = "const int*",
-        /// A: the chunk's rows in the dense columns (m_pad x kp, zeroed); B: the right part's
-        /// (n_pad x kp); C = A·Bᵀ (m_pad x n_pad).
+        /// A: the chunk's rows in the dense columns (m_pad x kp, zeroed), and A16 the same as
+        /// half-precision bits; B, B16: the right part's (n_pad x kp; B16 null unless every
+        /// value of B is an integer of magnitude at most 2048); C = A·Bᵀ (m_pad x n_pad).
         a: DevPtr = "float*",
+        a16: DevPtr = "unsigned short*",
         b: DevPtr = "const float*",
+        b16: DevPtr = "const unsigned short*",
         c: DevPtr = "float*",
         kp: i32 = "int",
         n_pad: i32 = "int",
-        /// Set by `dense_scatter` when a left value is not a TF32 number; B's own flag.
-        a_inexact: DevPtr = "u32*",
-        b_inexact: i32 = "int",
+        /// Value flags (`DENSE_NOT_TF32`, `DENSE_NOT_HALF` in knn.cu): A's, ORed by
+        /// `dense_scatter`, and B's.
+        a_flags: DevPtr = "u32*",
+        b_flags: i32 = "int",
+    }
+}
+
+kernel_args! {
+    /// A right part's dense block from its inverted lists (`dense_fill`).
+    DenseFillArgs {
+        tile_ptr: DevPtr = "const u32*",
+        col_rows: DevPtr = "const u32*",
+        col_vals: DevPtr = "const float*",
+        ntiles: i32 = "int",
+        ncols: i32 = "int",
+        dense_slot: DevPtr = "const int*",
+        /// The block (n_pad x kp, zeroed) and its half copy (null when it has none).
+        b: DevPtr = "float*",
+        b16: DevPtr = "unsigned short*",
+        kp: i32 = "int",
     }
 }

@@ -33,6 +33,8 @@ use crate::vector::SparseBatch;
 pub(crate) const MAX_DEVICE_K: usize = 1024;
 /// Left rows per launch, at most (bounded further by the memory budget).
 const MAX_CHUNK_ROWS: usize = 1 << 18;
+/// Device bytes of one launch's dense product (see `chunk_end`), at most.
+const DENSE_LAUNCH_BYTES: u64 = 4 << 30;
 
 /// Mutable state of an index: resident buffers and counters, behind one lock (probes of one
 /// index are serialised; they also take the device's lock).
@@ -382,6 +384,7 @@ struct Uploaded {
 /// that stays (None when there are several parts: they stay on the host, streamed per probe).
 fn upload_layout(
     device: &Device,
+    program: &MetricProgram,
     columns: &ColumnMap,
     resident: Option<&HostPart>,
     stats: &mut GpuStats,
@@ -395,7 +398,7 @@ fn upload_layout(
         ColumnMap::Direct(_) => (None, 0),
     };
     let resident = resident
-        .map(|part| upload_part(device, part, stats))
+        .map(|part| upload_part(device, program, part, stats))
         .transpose()?;
     device
         .stream
@@ -438,7 +441,7 @@ impl GpuIndex {
             .collect();
         let mut stats = GpuStats::default();
         let resident = (host_parts.len() == 1).then(|| &host_parts[0]);
-        let mut uploaded = upload_layout(&device, &layout.columns, resident, &mut stats)?;
+        let mut uploaded = upload_layout(&device, &layout.program, &layout.columns, resident, &mut stats)?;
         uploaded.host_parts = (host_parts.len() > 1).then_some(host_parts);
         drop(build_turn);
         log::debug!(
@@ -493,10 +496,10 @@ impl GpuIndex {
             let handles: Vec<_> = devices
                 .iter()
                 .map(|d| {
-                    let (part, columns) = (&part, &layout.columns);
+                    let (part, columns, program) = (&part, &layout.columns, &layout.program);
                     scope.spawn(move || {
                         let mut stats = GpuStats::default();
-                        let up = upload_layout(d, columns, Some(part), &mut stats)?;
+                        let up = upload_layout(d, program, columns, Some(part), &mut stats)?;
                         Ok((up, stats))
                     })
                 })
@@ -553,9 +556,10 @@ impl GpuIndex {
             budget: layout.budget,
             dense_count: layout.dense.as_ref().map_or(0, |d| d.count),
             dense_row_bytes: layout.dense.as_ref().map_or(0, |d| {
-                (d.kp + right.len().div_ceil(super::prepare::DENSE_TILE_N)
-                    * super::prepare::DENSE_TILE_N) as u64
-                    * 4
+                (d.kp * 6
+                    + right.len().div_ceil(super::prepare::DENSE_TILE_N)
+                        * super::prepare::DENSE_TILE_N
+                        * 4) as u64
             }),
             max_row_len: right.max_row_len() as i32,
             exact,
@@ -703,7 +707,7 @@ impl GpuIndex {
                         .host_parts
                         .as_ref()
                         .expect("host parts when not resident")[p];
-                    streamed = upload_part(device, host, stats)?;
+                    streamed = upload_part(device, &self.program, host, stats)?;
                     let b = streamed.bytes;
                     (&streamed, b)
                 }
@@ -979,7 +983,14 @@ impl GpuIndex {
         let mut r1 = r0;
         let mut bytes = 0u64;
         let step = 256;
-        while r1 < left.len() && r1 - r0 < MAX_CHUNK_ROWS {
+        // The dense product's output is a float per pair: at most DENSE_LAUNCH_BYTES a launch
+        // (fewer, larger allocations cost more than they save).
+        let max_rows = if self.dense_row_bytes > 0 {
+            ((DENSE_LAUNCH_BYTES / self.dense_row_bytes) as usize).max(256)
+        } else {
+            MAX_CHUNK_ROWS
+        };
+        while r1 < left.len() && r1 - r0 < max_rows {
             let next = (r1 + step).min(left.len());
             let entries = (off[next] - off[r1]) as u64;
             // Entries go up twice for chebyshev (the raw slices and the sorted copy).

@@ -11,8 +11,8 @@ use super::device::{cuda_err, Device};
 use super::kernels::{MetricProgram, FOLDED_THREADS};
 use super::memory::{addr, download, upload, zeros};
 use super::prepare::{
-    dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, DENSE_TILE_M, DENSE_TILE_N,
-    TOP_VALUES,
+    dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, DENSE_NOT_HALF, DENSE_NOT_TF32,
+    DENSE_TILE_M, DENSE_TILE_N, TOP_VALUES,
 };
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
@@ -124,7 +124,7 @@ impl PartLaunch<'_> {
                 && left.values()[e0..e1].par_iter().all(|&v| dense_value_ok(v))
         });
         let m_pad = (r1 - r0).div_ceil(DENSE_TILE_M) * DENSE_TILE_M;
-        let needed = needed + dense.map_or(0, |d| (m_pad * (d.kp + d.n_pad)) as u64 * 4 + 4);
+        let needed = needed + dense.map_or(0, |d| dense_launch_bytes(d, m_pad));
         if held + needed > self.budget && r1 - r0 > 1 {
             return Ok(None);
         }
@@ -194,7 +194,7 @@ impl PartLaunch<'_> {
                     rows: r1 - r0,
                     col_ids,
                 };
-                bytes += (m_pad * (d.kp + d.n_pad)) as u64 * 4;
+                bytes += dense_launch_bytes(d, m_pad);
                 Some(self.dense_product(d, &chunk, m_pad, stats)?)
             }
             None => None,
@@ -365,6 +365,14 @@ impl PartLaunch<'_> {
     }
 }
 
+/// Shared memory of `dense_gemm`: two stages of 128 + 128 rows of 36 words.
+const DENSE_GEMM_SMEM: u32 = 2 * (128 + 128) * 36 * 4;
+
+/// Device bytes of a launch's dense product for `m_pad` left rows: A and its half copy, C.
+pub(crate) fn dense_launch_bytes(dense: &DevDense, m_pad: usize) -> u64 {
+    (m_pad * dense.kp * 6 + m_pad * dense.n_pad * 4 + 4) as u64
+}
+
 /// A left chunk on the device, as the kernels read it.
 struct LeftChunk<'a> {
     off: &'a CudaSlice<i32>,
@@ -387,11 +395,12 @@ impl PartLaunch<'_> {
     ) -> Result<CudaSlice<f32>> {
         let (device, program) = (self.device, self.program);
         let a = zeros::<f32>(device, m_pad * dense.kp)?;
+        let a16 = zeros::<u16>(device, m_pad * dense.kp)?;
         // SAFETY: every element of C is written by `dense_gemm` (its grid covers m_pad x n_pad
         // exactly) before the folded kernels read it, on the same stream.
         let c = unsafe { device.stream.alloc::<f32>(m_pad * dense.n_pad) }
             .map_err(cuda_err("allocating device memory"))?;
-        let a_inexact = zeros::<u32>(device, 1)?;
+        let a_flags = zeros::<u32>(device, 1)?;
         let args = DenseArgs {
             l_off: addr(device, chunk.off),
             l_base: chunk.base,
@@ -403,12 +412,14 @@ impl PartLaunch<'_> {
             col_ids: addr(device, chunk.col_ids),
             dense_slot: addr(device, &dense.slot),
             a: addr(device, &a),
+            a16: addr(device, &a16),
             b: addr(device, &dense.block),
+            b16: dense.block16.as_ref().map_or(0, |b| addr(device, b)),
             c: addr(device, &c),
             kp: dense.kp as i32,
             n_pad: dense.n_pad as i32,
-            a_inexact: addr(device, &a_inexact),
-            b_inexact: dense.inexact as i32,
+            a_flags: addr(device, &a_flags),
+            b_flags: dense.flags as i32,
         };
         let start = device
             .stream
@@ -427,7 +438,7 @@ impl PartLaunch<'_> {
         // A holds m_pad >= rows rows of kp, every slot is below kp; the buffers outlive the
         // launch (the caller waits on the stream before they drop).
         unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
-        let gemm = device.function(program, "dense_gemm", 0)?;
+        let gemm = device.function(program, "dense_gemm", DENSE_GEMM_SMEM)?;
         let cfg = LaunchConfig {
             grid_dim: (
                 (dense.n_pad / DENSE_TILE_N) as u32,
@@ -435,7 +446,7 @@ impl PartLaunch<'_> {
                 1,
             ),
             block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: DENSE_GEMM_SMEM,
         };
         let mut b = device.stream.launch_builder(&gemm);
         b.arg(&args);
@@ -452,14 +463,23 @@ impl PartLaunch<'_> {
             .elapsed_ms(&end)
             .map_err(cuda_err("timing the kernel"))?;
         stats.kernel_nanos += (ms as f64 * 1e6) as u64;
-        log::debug!(
-            "GPU {} dense_gemm: {} left rows x {} right rows x {} columns ({} passes): {ms:.2} ms",
-            program.name,
-            chunk.rows,
-            self.part_rows,
-            dense.kp,
-            if dense.inexact { "3" } else { "1-2" },
-        );
+        if log::log_enabled!(log::Level::Debug) {
+            let flags = download(device, &a_flags, 1)?[0] | dense.flags;
+            log::debug!(
+                "GPU {} dense_gemm: {} left rows x {} right rows x {} columns ({}): {ms:.2} ms",
+                program.name,
+                chunk.rows,
+                self.part_rows,
+                dense.kp,
+                if flags & DENSE_NOT_HALF == 0 {
+                    "half"
+                } else if flags & DENSE_NOT_TF32 == 0 {
+                    "TF32"
+                } else {
+                    "3xTF32"
+                },
+            );
+        }
         Ok(c)
     }
 }

@@ -1,13 +1,14 @@
 //! The right side prepared on the host for the device: an inverted index cut in tiles (and for a
 //! max, each row's largest values and every entry's rank in its row).
 
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use datafusion::common::Result;
 use rayon::prelude::*;
 
-use super::device::Device;
+use super::args::DenseFillArgs;
+use super::device::{cuda_err, Device};
 use super::kernels::MetricProgram;
-use super::memory::upload;
+use super::memory::{addr, upload, zeros};
 use super::stats::GpuStats;
 use crate::metric::RowTotals;
 use crate::vector::SparseBatch;
@@ -56,18 +57,28 @@ pub(crate) struct HostPart {
     /// ([`max_ranks`]); empty otherwise.
     pub(crate) col_ranks: Vec<u8>,
     pub(crate) r_top: Vec<f32>,
-    /// Bilinear metrics with dense columns ([`DenseColumns`]): the part's rows in those columns
-    /// (padded rows x `kp`, row-major), the column ids' slots, and whether some value is not a
-    /// TF32 number (the product then splits it); empty otherwise.
-    pub(crate) dense_block: Vec<f32>,
+    /// dot and cosine with dense columns ([`DenseColumns`]): the column ids' slots, the dense
+    /// block's width (0: no dense columns) and padded rows, and its values' flags; the block
+    /// itself (the part's rows in those columns, n_pad x kp, row-major, and its half copy) is
+    /// made on the device from the inverted lists (`dense_fill`).
     pub(crate) dense_slot: Vec<i32>,
     pub(crate) dense_kp: usize,
-    pub(crate) dense_inexact: bool,
+    pub(crate) dense_n_pad: usize,
+    pub(crate) dense_flags: u32,
 }
 
 impl HostPart {
+    /// The dense block's bytes per value: a float, and a half copy when it has one.
+    fn dense_bytes_per_value(&self) -> usize {
+        if self.dense_flags & DENSE_NOT_HALF == 0 {
+            6
+        } else {
+            4
+        }
+    }
+
     pub(crate) fn device_bytes(&self) -> u64 {
-        (self.dense_block.len() * 4
+        (self.dense_n_pad * self.dense_kp * self.dense_bytes_per_value()
             + self.dense_slot.len() * 4
             + self.valid_bits.len() * 4
             + self.rt0.len() * 8
@@ -100,19 +111,41 @@ pub(crate) struct DevPart {
 /// A part's dense columns on the device.
 pub(crate) struct DevDense {
     pub(crate) block: CudaSlice<f32>,
+    /// Half-precision bits of `block`, when the part has them (see [`HostPart::dense_block16`]).
+    pub(crate) block16: Option<CudaSlice<u16>>,
     pub(crate) slot: CudaSlice<i32>,
     /// Dense columns (padded) and rows (padded) of `block`.
     pub(crate) kp: usize,
     pub(crate) n_pad: usize,
-    pub(crate) inexact: bool,
+    pub(crate) flags: u32,
 }
 
 /// Rows of C = A·Bᵀ per block of `dense_gemm` (the left chunk is padded to it).
 pub(crate) const DENSE_TILE_M: usize = 128;
 /// Right rows per block of `dense_gemm` (a part's block is padded to it).
-pub(crate) const DENSE_TILE_N: usize = 64;
-/// Dense columns per step of `dense_gemm` (the block's width is padded to it).
-pub(crate) const DENSE_TILE_K: usize = 32;
+pub(crate) const DENSE_TILE_N: usize = 128;
+/// Dense columns per step of `dense_gemm` (the block's width is padded to it): 128 bytes of
+/// half values.
+pub(crate) const DENSE_TILE_K: usize = 64;
+/// A value that is not a TF32 number (float32's low 13 mantissa bits set): the product splits it.
+pub(crate) const DENSE_NOT_TF32: u32 = 1;
+/// A value that is not an integer of magnitude at most 2048: no half-precision product.
+pub(crate) const DENSE_NOT_HALF: u32 = 2;
+
+/// The flags of one value (as `dense_flags` in kernels/knn.cu).
+pub(crate) fn dense_flags(v: f32) -> u32 {
+    let mut f = if v.to_bits() & 0x1fff != 0 {
+        DENSE_NOT_TF32
+    } else {
+        0
+    };
+    if !(v == v.round() && v.abs() <= 2048.0) {
+        f |= DENSE_NOT_HALF;
+    }
+    f
+}
+
+
 /// Values of a dense column must lie in [2^-40, 2^40] (or be 0): their float32 products and
 /// sums then neither underflow nor overflow. A column with others stays sparse; a left chunk
 /// with others runs without the product.
@@ -132,6 +165,8 @@ pub(crate) struct DenseColumns {
     /// How many, and the block's width (padded to [`DENSE_TILE_K`]).
     pub(crate) count: usize,
     pub(crate) kp: usize,
+    /// [`dense_flags`] of their values, ORed.
+    pub(crate) flags: u32,
 }
 
 /// Cost of one multiply-add of the dense product per TF32 pass, in units of one inverted-list
@@ -160,12 +195,12 @@ pub(crate) fn choose_dense_columns(
     let nchunks = (rayon::current_num_threads() * 2)
         .min((256 << 20) / (ncols.max(1) * 6))
         .clamp(1, rows);
-    let per_chunk: Vec<(Vec<u32>, Vec<bool>, bool)> = (0..nchunks)
+    let per_chunk: Vec<(Vec<u32>, Vec<bool>, Vec<u8>)> = (0..nchunks)
         .into_par_iter()
         .map(|ch| {
             let mut counts = vec![0u32; ncols];
             let mut bad = vec![false; ncols];
-            let mut inexact = false;
+            let mut flags = vec![0u8; ncols];
             for r in rows * ch / nchunks..rows * (ch + 1) / nchunks {
                 let (idx, val) = right.row(r);
                 for (&c, &v) in idx.iter().zip(val) {
@@ -173,22 +208,22 @@ pub(crate) fn choose_dense_columns(
                         let id = columns.get(c).expect("a column of the right side") as usize;
                         counts[id] += 1;
                         bad[id] |= !dense_value_ok(v);
-                        inexact |= v.to_bits() & 0x1fff != 0;
+                        flags[id] |= dense_flags(v) as u8;
                     }
                 }
             }
-            (counts, bad, inexact)
+            (counts, bad, flags)
         })
         .collect();
     let mut counts = vec![0u64; ncols];
     let mut bad = vec![false; ncols];
-    let mut inexact = false;
-    for (c, b, i) in &per_chunk {
+    let mut col_flags = vec![0u8; ncols];
+    for (c, b, f) in &per_chunk {
         for id in 0..ncols {
             counts[id] += c[id] as u64;
             bad[id] |= b[id];
+            col_flags[id] |= f[id];
         }
-        inexact |= i;
     }
     let mut order: Vec<usize> = (0..ncols).filter(|&c| !bad[c] && counts[c] > 0).collect();
     order.sort_by(|&a, &b| counts[b].cmp(&counts[a]).then(a.cmp(&b)));
@@ -199,9 +234,17 @@ pub(crate) fn choose_dense_columns(
             order.into_iter().take_while(|&c| share(c) >= min).collect()
         }
         DenseColumnChoice::Auto => {
-            // The left side is taken to look like the right (a self-join's does), and to need
-            // the split product when the right side does (3 passes instead of 1).
-            let passes = if inexact { 3.0 } else { 1.0 };
+            // The left side is taken to look like the right (a self-join's does): counts go
+            // through the half-precision product (twice TF32's rate), TF32 numbers through one
+            // TF32 product, other values through the split one (three).
+            let flags = order.iter().fold(0, |f, &c| f | col_flags[c] as u32);
+            let passes = if flags & DENSE_NOT_TF32 != 0 {
+                3.0
+            } else if flags & DENSE_NOT_HALF != 0 {
+                1.0
+            } else {
+                0.5
+            };
             let taken: Vec<usize> = order
                 .into_iter()
                 .take_while(|&c| share(c) * share(c) > DENSE_MAC_COST * passes)
@@ -219,7 +262,7 @@ pub(crate) fn choose_dense_columns(
     };
     // Within the memory given (the densest kept).
     let n_pad = rows.div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
-    let max_cols = (max_bytes / (n_pad as u64 * 4)) as usize / DENSE_TILE_K * DENSE_TILE_K;
+    let max_cols = (max_bytes / (n_pad as u64 * 6)) as usize / DENSE_TILE_K * DENSE_TILE_K;
     chosen.truncate(max_cols);
     if chosen.is_empty() {
         return None;
@@ -231,42 +274,9 @@ pub(crate) fn choose_dense_columns(
     Some(DenseColumns {
         count: chosen.len(),
         kp: chosen.len().div_ceil(DENSE_TILE_K) * DENSE_TILE_K,
+        flags: chosen.iter().fold(0, |f, &c| f | col_flags[c] as u32),
         slot,
     })
-}
-
-/// The dense block of rows `start..end` (see [`HostPart::dense_block`]), and whether some value
-/// in it is not a TF32 number.
-fn dense_block(
-    right: &SparseBatch,
-    columns: &ColumnMap,
-    dense: &DenseColumns,
-    start: usize,
-    end: usize,
-) -> (Vec<f32>, bool) {
-    let kp = dense.kp;
-    let n_pad = (end - start).div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
-    let mut block = vec![0f32; n_pad * kp];
-    let inexact = block
-        .par_chunks_mut(kp)
-        .take(end - start)
-        .enumerate()
-        .map(|(i, out)| {
-            let (idx, val) = right.row(start + i);
-            let mut inexact = false;
-            for (&c, &v) in idx.iter().zip(val) {
-                if v != 0.0 {
-                    let slot = dense.slot[columns.get(c).expect("a right column") as usize];
-                    if slot >= 0 {
-                        out[slot as usize] = v;
-                        inexact |= v.to_bits() & 0x1fff != 0;
-                    }
-                }
-            }
-            inexact
-        })
-        .reduce(|| false, |a, b| a | b);
-    (block, inexact)
 }
 
 /// A rough size of rows `start..end` prepared for the device (to decide on parts).
@@ -280,8 +290,9 @@ pub(crate) fn estimate_bytes(
     dense: Option<&DenseColumns>,
 ) -> u64 {
     let rows = (end - start) as u64;
+    // The block and (counts) its half-precision copy.
     let dense_bytes = dense.map_or(0, |d| {
-        (rows.div_ceil(DENSE_TILE_N as u64) * DENSE_TILE_N as u64) * d.kp as u64 * 4
+        (rows.div_ceil(DENSE_TILE_N as u64) * DENSE_TILE_N as u64) * d.kp as u64 * 6
             + columns.len() as u64 * 4
     });
     let nnz = (right.offsets()[end] - right.offsets()[start]) as u64;
@@ -331,10 +342,11 @@ pub(crate) fn prepare_part(
     };
     if let Some(dense) = dense {
         // The dense columns stay in the inverted lists too: a left chunk with values outside
-        // the product's range runs without it.
-        (part.dense_block, part.dense_inexact) = dense_block(right, columns, dense, start, end);
+        // the product's range runs without it, and the block is filled from them.
         part.dense_slot = dense.slot.clone();
         part.dense_kp = dense.kp;
+        part.dense_n_pad = rows.div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
+        part.dense_flags = dense.flags;
     }
     part.rt0 = totals[start..end].iter().map(|t| t.t0).collect();
     part.rt1 = totals[start..end].iter().map(|t| t.t1).collect();
@@ -515,9 +527,67 @@ unsafe impl<T> Sync for SharedOut<T> {}
 
 pub(crate) fn upload_part(
     device: &Device,
+    program: &MetricProgram,
     host: &HostPart,
     stats: &mut GpuStats,
 ) -> Result<DevPart> {
+    let mut part = upload_lists(device, host, stats)?;
+    if host.dense_kp > 0 {
+        part.dense = Some(fill_dense(device, program, host, &part, stats)?);
+    }
+    Ok(part)
+}
+
+/// The part's dense block, made on the device from its inverted lists (`dense_fill`).
+fn fill_dense(
+    device: &Device,
+    program: &MetricProgram,
+    host: &HostPart,
+    part: &DevPart,
+    stats: &mut GpuStats,
+) -> Result<DevDense> {
+    let n = host.dense_n_pad * host.dense_kp;
+    let block = zeros::<f32>(device, n)?;
+    let block16 = if host.dense_flags & DENSE_NOT_HALF == 0 {
+        Some(zeros::<u16>(device, n)?)
+    } else {
+        None
+    };
+    let slot = upload(device, &host.dense_slot, stats)?;
+    let args = DenseFillArgs {
+        tile_ptr: addr(device, &part.tile_ptr),
+        col_rows: addr(device, &part.col_rows),
+        col_vals: addr(device, &part.col_vals),
+        ntiles: host.ntiles as i32,
+        ncols: host.dense_slot.len() as i32,
+        dense_slot: addr(device, &slot),
+        b: addr(device, &block),
+        b16: block16.as_ref().map_or(0, |b| addr(device, b)),
+        kp: host.dense_kp as i32,
+    };
+    let f = device.function(program, "dense_fill", 0)?;
+    let cfg = LaunchConfig {
+        grid_dim: (host.dense_slot.len().div_ceil(8).clamp(1, 65_535) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = device.stream.launch_builder(&f);
+    b.arg(&args);
+    // SAFETY: `DenseFillArgs` is the kernel's one parameter (its CUDA twin generated from it);
+    // every list row is below the part's rows <= n_pad and every slot below kp; the buffers
+    // outlive the launch (the stream is synchronised before the part is used).
+    unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
+    Ok(DevDense {
+        block,
+        block16,
+        slot,
+        kp: host.dense_kp,
+        n_pad: host.dense_n_pad,
+        flags: host.dense_flags,
+    })
+}
+
+fn upload_lists(device: &Device, host: &HostPart, stats: &mut GpuStats) -> Result<DevPart> {
     Ok(DevPart {
         valid_bits: upload(device, &host.valid_bits, stats)?,
         rt0: upload(device, &host.rt0, stats)?,
@@ -530,17 +600,7 @@ pub(crate) fn upload_part(
         y_min: host.y_min,
         y_max: host.y_max,
         bytes: host.device_bytes(),
-        dense: if host.dense_kp > 0 {
-            Some(DevDense {
-                block: upload(device, &host.dense_block, stats)?,
-                slot: upload(device, &host.dense_slot, stats)?,
-                kp: host.dense_kp,
-                n_pad: host.dense_block.len() / host.dense_kp,
-                inexact: host.dense_inexact,
-            })
-        } else {
-            None
-        },
+        dense: None,
     })
 }
 
@@ -640,6 +700,7 @@ mod tests {
             .unwrap();
         assert_eq!(d.count, 6);
         assert_eq!(d.kp, DENSE_TILE_K);
+        assert_eq!(d.flags, 0, "counts are TF32 numbers and half-exact");
         for c in 0..columns.len() {
             assert_eq!(d.slot[c] >= 0, c < 6, "column {c}");
         }
@@ -654,6 +715,7 @@ mod tests {
         let auto = choose_dense_columns(&split, &columns, DenseColumnChoice::Auto, unlimited)
             .unwrap();
         assert_eq!(auto.count, 8);
+        assert_eq!(auto.flags, DENSE_NOT_TF32 | DENSE_NOT_HALF);
         // Uniformly sparse columns are not worth a product.
         let sparse_rows: Vec<Vec<(i32, f32)>> =
             (0..4000).map(|r| vec![((r % 3000) as i32, 2.0)]).collect();
@@ -661,12 +723,13 @@ mod tests {
         let sparse_cols = ColumnMap::Direct(sparse.max_dim());
         assert!(choose_dense_columns(&sparse, &sparse_cols, DenseColumnChoice::Auto, unlimited)
             .is_none());
-        // Memory for 32 columns of 4,032 padded rows holds only 32 (one tile of columns).
-        let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), 4032 * 4 * 40)
+        // Memory is counted in whole tiles of columns (64 of 4,096 padded rows, 6 bytes each).
+        let tile = 4096 * 6 * DENSE_TILE_K as u64;
+        let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), tile)
             .unwrap();
         assert_eq!(d.count, 8);
         assert!(
-            choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), 4032 * 4 * 31)
+            choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), tile - 1)
                 .is_none()
         );
         // A column with a value outside the product's range stays sparse.
@@ -676,33 +739,36 @@ mod tests {
         let d = choose_dense_columns(&odd, &ColumnMap::Direct(2), DenseColumnChoice::MinShare(0.5), unlimited)
             .unwrap();
         assert_eq!((d.count, d.slot[0], d.slot[1]), (1, 0, -1));
+        // The flags are those of the chosen columns only.
+        let rows: Vec<Vec<(i32, f32)>> = (0..100)
+            .map(|r| {
+                let mut row = vec![(0, 3.0)];
+                if r % 3 == 0 {
+                    row.push((1, 0.1 + r as f32));
+                }
+                row
+            })
+            .collect();
+        let mixed = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        let columns2 = ColumnMap::Direct(2);
+        let only_counts =
+            choose_dense_columns(&mixed, &columns2, DenseColumnChoice::MinShare(0.5), unlimited)
+                .unwrap();
+        assert_eq!((only_counts.count, only_counts.flags), (1, 0));
+        let both =
+            choose_dense_columns(&mixed, &columns2, DenseColumnChoice::MinShare(0.2), unlimited)
+                .unwrap();
+        assert_eq!((both.count, both.flags), (2, DENSE_NOT_HALF | DENSE_NOT_TF32));
     }
 
     #[test]
-    fn the_dense_block_holds_each_rows_dense_values() {
-        use crate::options::DenseColumnChoice;
-        for fractions in [false, true] {
-            let right = shares_batch(1000, fractions);
-            let columns = ColumnMap::Direct(right.max_dim());
-            let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.5), u64::MAX)
-                .unwrap();
-            let (start, end) = (100, 777);
-            let (block, inexact) = dense_block(&right, &columns, &d, start, end);
-            assert_eq!(inexact, fractions, "1/7 is not a TF32 number; counts below 2^11 are");
-            let n_pad = (end - start).div_ceil(DENSE_TILE_N) * DENSE_TILE_N;
-            assert_eq!(block.len(), n_pad * d.kp);
-            for r in 0..n_pad {
-                let mut want = vec![0f32; d.kp];
-                if r < end - start {
-                    let (idx, val) = right.row(start + r);
-                    for (&c, &v) in idx.iter().zip(val) {
-                        if d.slot[c as usize] >= 0 {
-                            want[d.slot[c as usize] as usize] = v;
-                        }
-                    }
-                }
-                assert_eq!(&block[r * d.kp..(r + 1) * d.kp], &want[..], "row {r}");
-            }
+    fn flags_say_which_values_are_tf32_numbers_and_small_integers() {
+        for v in [1.0f32, 2.0, 3.0, 7.0, 255.0, 1000.0, 2047.0, 2048.0, -5.0, -2048.0] {
+            assert_eq!(dense_flags(v), 0, "{v}");
         }
+        assert_eq!(dense_flags(0.5), DENSE_NOT_HALF);
+        assert_eq!(dense_flags(2049.0), DENSE_NOT_HALF | DENSE_NOT_TF32);
+        assert_eq!(dense_flags(4096.0), DENSE_NOT_HALF);
+        assert_eq!(dense_flags(0.1), DENSE_NOT_HALF | DENSE_NOT_TF32);
     }
 }
