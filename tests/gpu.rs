@@ -857,6 +857,19 @@ fn dense_columns_on_tensor_cores_match_cpu() {
             )
             .unwrap();
             assert_eq!(off.dense_columns(), 0);
+            // A budget that keeps the right side and its block whole but cuts each probe into
+            // several launches.
+            let tight = GpuIndex::build(
+                &right,
+                &m,
+                &GpuOptions {
+                    dense_columns: DenseColumnChoice::MinShare(0.45),
+                    memory_limit: Some(16 << 20),
+                    ..GpuOptions::default()
+                },
+            )
+            .unwrap();
+            assert!(tight.dense_columns() > 0 && tight.parts() == 1, "{label} {kind}");
             for (sel, exclude) in [
                 (Selection::Nearest(10), None),
                 (Selection::Nearest(10), Some(0i64)),
@@ -870,6 +883,8 @@ fn dense_columns_on_tensor_cores_match_cpu() {
                     let name = format!("{label} {kind} {which} {sel:?} exclude={exclude:?}");
                     compare(&name, &m, l, &right, &c, &gpu_index.probe(l, sel, po).unwrap());
                     compare(&name, &m, l, &right, &c, &off.probe(l, sel, po).unwrap());
+                    let name = format!("{name} in several launches");
+                    compare(&name, &m, l, &right, &c, &tight.probe(l, sel, po).unwrap());
                 }
             }
             // Radius: the 10th nearest distance of the CPU's answers, median over rows.

@@ -740,9 +740,11 @@ impl GpuIndex {
             let mut max_rows = usize::MAX;
             while r0 < left.len() {
                 cancel.check()?;
+                // (saturating: `max_rows` starts unbounded, and a wrapped sum would send the
+                // chunk backwards, relaunching the first one forever)
                 let r1 = self
                     .chunk_end(left, r0, selection, work_budget)
-                    .min(r0 + max_rows);
+                    .min(r0.saturating_add(max_rows));
                 let ran = match launch.run(left, r0, r1, selection, options, stats) {
                     // Another operator's index took the memory this chunk's estimate counted on:
                     // shrink the chunk and retry, as when the estimate itself is over budget.
