@@ -473,8 +473,10 @@ extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>
 // as a dense block B (right rows x kp, row-major); a launch scatters its left rows' values in
 // those columns into A (rows x kp) and `dense_gemm` computes C = A·Bᵀ, which the folded kernels
 // take as each pair's starting sum (the inverted lists of those columns are skipped).
-// Operands: where every value of both is an integer of magnitude at most 2048 (raw counts), as
-// half precision, whose products are exact (m16n8k16, the fastest form); otherwise as TF32,
+// Operands: where every value of both is an integer of magnitude at most 127 (small counts), as
+// 8-bit integers summed exactly in 32-bit integers (m16n8k32, the fastest form); where every
+// value is an integer of magnitude at most 2048 (raw counts), as half precision, whose products
+// are exact (m16n8k16); otherwise as TF32,
 // which keeps 10 of float32's 23 mantissa bits, so an operand whose values are not all TF32
 // numbers is split into hi + lo parts and the product taken as hi·hi + hi·lo + lo·hi (3xTF32:
 // float32 accuracy). Tensor cores add in float32 with truncation; their sums are moved into a
@@ -482,18 +484,25 @@ extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>
 
 #define DG_BM 128
 #define DG_BN 128
-// 32-bit words of k per tile row (32 floats or 64 halves: 128 bytes), and the padded row.
+// 32-bit words of k per tile row (32 floats, 64 halves or 128 bytes: 128 bytes), and the padded
+// row.
 #define DG_BKW 32
 #define DG_LD (DG_BKW + 4)
 #define DG_STAGE_WORDS ((DG_BM + DG_BN) * DG_LD)
 #define DENSE_FLUSH 64
-// Value flags: not a TF32 number (bit 0); not an integer of magnitude <= 2048 (bit 1).
+// Value flags: not a TF32 number (bit 0); not an integer of magnitude <= 2048 (bit 1), <= 127
+// (bit 2). The fast copies of the operands (`fast_kind`): 1 half precision, 2 8-bit integers.
 #define DENSE_NOT_TF32 1u
 #define DENSE_NOT_HALF 2u
+#define DENSE_NOT_INT8 4u
+#define DENSE_FAST_HALF 1
+#define DENSE_FAST_INT8 2
 
 __device__ __forceinline__ u32 dense_flags(float v) {
     u32 f = (__float_as_uint(v) & 0x1fffu) ? DENSE_NOT_TF32 : 0u;
-    if (!(v == rintf(v) && fabsf(v) <= 2048.0f)) f |= DENSE_NOT_HALF;
+    const bool whole = v == rintf(v);
+    if (!(whole && fabsf(v) <= 2048.0f)) f |= DENSE_NOT_HALF;
+    if (!(whole && fabsf(v) <= 127.0f)) f |= DENSE_NOT_INT8;
     return f;
 }
 
@@ -505,8 +514,8 @@ __device__ __forceinline__ unsigned short to_half(float v) {
 }
 #endif
 
-// Left rows' values in the dense columns, into A and its half copy A16 (both zeroed before): a
-// warp per row. ORs every value's flags into `a_flags`.
+// Left rows' values in the dense columns, into A and its fast copy (both zeroed before): a warp
+// per row. ORs every value's flags into `a_flags`.
 extern "C" __global__ void dense_scatter(const DenseArgs a) {
 #if __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x & 31;
@@ -522,8 +531,10 @@ extern "C" __global__ void dense_scatter(const DenseArgs a) {
             if (col < 0) continue;
             const int slot = a.dense_slot[col];
             if (slot < 0) continue;
-            a.a[(size_t)r * a.kp + slot] = v;
-            a.a16[(size_t)r * a.kp + slot] = to_half(v);
+            const size_t at = (size_t)r * a.kp + slot;
+            a.a[at] = v;
+            if (a.fast_kind == DENSE_FAST_HALF) ((unsigned short*)a.a_fast)[at] = to_half(v);
+            if (a.fast_kind == DENSE_FAST_INT8) ((signed char*)a.a_fast)[at] = (signed char)(int)v;
             flags |= dense_flags(v);
         }
     }
@@ -531,8 +542,8 @@ extern "C" __global__ void dense_scatter(const DenseArgs a) {
 #endif
 }
 
-// The right part's dense block B (and its half copy B16 when it has one), zeroed before, from
-// the dense columns' inverted lists already on the device: a warp per column.
+// The right part's dense block B (and its fast copy when it has one), zeroed before, from the
+// dense columns' inverted lists already on the device: a warp per column.
 extern "C" __global__ void dense_fill(const DenseFillArgs a) {
 #if __CUDA_ARCH__ >= 800
     const int lane = threadIdx.x & 31;
@@ -545,7 +556,8 @@ extern "C" __global__ void dense_fill(const DenseFillArgs a) {
             const size_t at = (size_t)a.col_rows[pos] * a.kp + slot;
             const float v = a.col_vals[pos];
             a.b[at] = v;
-            if (a.b16) a.b16[at] = to_half(v);
+            if (a.fast_kind == DENSE_FAST_HALF) ((unsigned short*)a.b_fast)[at] = to_half(v);
+            if (a.fast_kind == DENSE_FAST_INT8) ((signed char*)a.b_fast)[at] = (signed char)(int)v;
         }
     }
 #endif
@@ -574,6 +586,21 @@ __device__ __forceinline__ void mma_f16(float* c, const u32* a, const u32* b) {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+__device__ __forceinline__ void mma_s8(float* c, const u32* a, const u32* b) {
+    // The accumulators hold 32-bit integers in this mode (the same registers, reinterpreted).
+    int d0 = __float_as_int(c[0]), d1 = __float_as_int(c[1]);
+    int d2 = __float_as_int(c[2]), d3 = __float_as_int(c[3]);
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(d0), "+r"(d1), "+r"(d2), "+r"(d3)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    c[0] = __int_as_float(d0);
+    c[1] = __int_as_float(d1);
+    c[2] = __int_as_float(d2);
+    c[3] = __int_as_float(d3);
+}
+
 __device__ __forceinline__ void cp_async16(u32* smem, const void* gmem) {
     unsigned s;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(s) : "l"(smem));
@@ -594,14 +621,18 @@ extern "C" __global__ void __launch_bounds__(256, 1) dense_gemm(const DenseArgs 
     const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
     const size_t m0 = (size_t)blockIdx.y * DG_BM, n0 = (size_t)blockIdx.x * DG_BN;
     const u32 af = *a.a_flags, bf = (u32)a.b_flags;
-    const bool half = !((af | bf) & DENSE_NOT_HALF);
-    const bool a_lo = !half && (af & DENSE_NOT_TF32);
-    const bool b_lo = !half && (bf & DENSE_NOT_TF32);
-    const size_t row_bytes = (size_t)a.kp * (half ? 2 : 4);
-    const char* A = half ? (const char*)a.a16 : (const char*)a.a;
-    const char* Bm = half ? (const char*)a.b16 : (const char*)a.b;
+    // The fast copies when both operands have them (B's kind is known; A's values must fit it).
+    const bool int8 = a.fast_kind == DENSE_FAST_INT8 && !((af | bf) & DENSE_NOT_INT8);
+    const bool half = a.fast_kind == DENSE_FAST_HALF && !((af | bf) & DENSE_NOT_HALF);
+    const bool fast = int8 || half;
+    const bool a_lo = !fast && (af & DENSE_NOT_TF32);
+    const bool b_lo = !fast && (bf & DENSE_NOT_TF32);
+    const size_t row_bytes = (size_t)a.kp * (int8 ? 1 : half ? 2 : 4);
+    const char* A = fast ? (const char*)a.a_fast : (const char*)a.a;
+    const char* Bm = fast ? (const char*)a.b_fast : (const char*)a.b;
     const int nk = (int)(row_bytes / 128);
-    // Tiles of DENSE_FLUSH columns between moves into the running sums.
+    // Tiles of DENSE_FLUSH columns between moves into the running sums (integer sums are exact:
+    // they stay in the accumulators).
     const int flush_every = half ? 1 : 2;
 
     float acc[4][4][4], sum[4][4][4];
@@ -656,7 +687,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) dense_gemm(const DenseArgs 
                 bw[j][0] = p[0];
                 bw[j][1] = p[4];
             }
-            if (half) {
+            if (int8) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) mma_s8(acc[i][j], aw[i], bw[j]);
+            } else if (half) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -692,7 +728,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) dense_gemm(const DenseArgs 
                     }
             }
         }
-        if ((kt + 1) % flush_every == 0 || kt + 1 == nk) {
+        if (!int8 && ((kt + 1) % flush_every == 0 || kt + 1 == nk)) {
 #pragma unroll
             for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -704,6 +740,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) dense_gemm(const DenseArgs 
                     }
         }
         __syncthreads();
+    }
+    if (int8) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int q = 0; q < 4; ++q) sum[i][j][q] = (float)__float_as_int(acc[i][j][q]);
     }
     // c0, c1: row g, columns 2t, 2t + 1; c2, c3: row g + 8.
 #pragma unroll

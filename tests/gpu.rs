@@ -788,8 +788,9 @@ fn rows_with_dense_columns(
     rows
 }
 
-/// dot and cosine with their densest columns multiplied on the tensor cores (the half-precision
-/// product for counts up to 2048, the split 3xTF32 product for larger counts and for fractions)
+/// dot and cosine with their densest columns multiplied on the tensor cores (the 8-bit product for
+/// counts up to 127, the half-precision one for counts up to 2048, one TF32 product for TF32
+/// numbers, the split 3xTF32 product for other counts and for fractions)
 /// give the CPU's answers: knn with and without exclude_self, k above the kernels' top-k, radius, a left
 /// chunk with a value outside the product's range (run without it), shapes that are not
 /// multiples of the product's tiles.
@@ -800,7 +801,8 @@ fn dense_columns_on_tensor_cores_match_cpu() {
         return;
     }
     type Draw = fn(&mut StdRng) -> f32;
-    let draws: [(&str, Draw); 4] = [
+    let draws: [(&str, Draw); 5] = [
+        ("counts below 128", |rng| rng.random_range(1..128) as f32),
         ("counts below 2^11", |rng| {
             rng.random_range(1..2048) as f32
         }),

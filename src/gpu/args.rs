@@ -136,20 +136,21 @@ kernel_args! {
         ncols: i32 = "int",
         col_ids: DevPtr = "const int*",
         dense_slot: DevPtr = "const int*",
-        /// A: the chunk's rows in the dense columns (m_pad x kp, zeroed), and A16 the same as
-        /// half-precision bits; B, B16: the right part's (n_pad x kp; B16 null unless every
-        /// value of B is an integer of magnitude at most 2048); C = A·Bᵀ (m_pad x n_pad).
+        /// A: the chunk's rows in the dense columns (m_pad x kp, zeroed), and its fast copy
+        /// (`fast_kind`); B and its fast copy: the right part's (n_pad x kp); C = A·Bᵀ (m_pad x
+        /// n_pad).
         a: DevPtr = "float*",
-        a16: DevPtr = "unsigned short*",
+        a_fast: DevPtr = "void*",
         b: DevPtr = "const float*",
-        b16: DevPtr = "const unsigned short*",
+        b_fast: DevPtr = "const void*",
         c: DevPtr = "float*",
         kp: i32 = "int",
         n_pad: i32 = "int",
-        /// Value flags (`DENSE_NOT_TF32`, `DENSE_NOT_HALF` in knn.cu): A's, ORed by
-        /// `dense_scatter`, and B's.
+        /// Value flags (`DENSE_NOT_*` in knn.cu): A's, ORed by `dense_scatter`, and B's.
         a_flags: DevPtr = "u32*",
         b_flags: i32 = "int",
+        /// The fast copies' kind (`DENSE_FAST_*`: 0 none, 1 half precision, 2 8-bit integers).
+        fast_kind: i32 = "int",
     }
 }
 
@@ -162,9 +163,10 @@ kernel_args! {
         ntiles: i32 = "int",
         ncols: i32 = "int",
         dense_slot: DevPtr = "const int*",
-        /// The block (n_pad x kp, zeroed) and its half copy (null when it has none).
+        /// The block (n_pad x kp, zeroed) and its fast copy (`fast_kind`, as in `DenseArgs`).
         b: DevPtr = "float*",
-        b16: DevPtr = "unsigned short*",
+        b_fast: DevPtr = "void*",
         kp: i32 = "int",
+        fast_kind: i32 = "int",
     }
 }

@@ -556,7 +556,7 @@ impl GpuIndex {
             budget: layout.budget,
             dense_count: layout.dense.as_ref().map_or(0, |d| d.count),
             dense_row_bytes: layout.dense.as_ref().map_or(0, |d| {
-                (d.kp * 6
+                (d.kp * (4 + super::prepare::fast_kind(d.flags, d.kp).bytes())
                     + right.len().div_ceil(super::prepare::DENSE_TILE_N)
                         * super::prepare::DENSE_TILE_N
                         * 4) as u64

@@ -11,8 +11,8 @@ use super::device::{cuda_err, Device};
 use super::kernels::{MetricProgram, FOLDED_THREADS};
 use super::memory::{addr, download, upload, zeros};
 use super::prepare::{
-    dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, DENSE_NOT_HALF, DENSE_NOT_TF32,
-    DENSE_TILE_M, DENSE_TILE_N, TOP_VALUES,
+    dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, FastKind, DENSE_NOT_HALF,
+    DENSE_NOT_INT8, DENSE_NOT_TF32, DENSE_TILE_M, DENSE_TILE_N, TOP_VALUES,
 };
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
@@ -368,9 +368,9 @@ impl PartLaunch<'_> {
 /// Shared memory of `dense_gemm`: two stages of 128 + 128 rows of 36 words.
 const DENSE_GEMM_SMEM: u32 = 2 * (128 + 128) * 36 * 4;
 
-/// Device bytes of a launch's dense product for `m_pad` left rows: A and its half copy, C.
+/// Device bytes of a launch's dense product for `m_pad` left rows: A and its fast copy, C.
 pub(crate) fn dense_launch_bytes(dense: &DevDense, m_pad: usize) -> u64 {
-    (m_pad * dense.kp * 6 + m_pad * dense.n_pad * 4 + 4) as u64
+    (m_pad * dense.kp * (4 + dense.fast_kind.bytes()) + m_pad * dense.n_pad * 4 + 4) as u64
 }
 
 /// A left chunk on the device, as the kernels read it.
@@ -395,7 +395,7 @@ impl PartLaunch<'_> {
     ) -> Result<CudaSlice<f32>> {
         let (device, program) = (self.device, self.program);
         let a = zeros::<f32>(device, m_pad * dense.kp)?;
-        let a16 = zeros::<u16>(device, m_pad * dense.kp)?;
+        let a_fast = zeros::<u8>(device, m_pad * dense.kp * dense.fast_kind.bytes())?;
         // SAFETY: every element of C is written by `dense_gemm` (its grid covers m_pad x n_pad
         // exactly) before the folded kernels read it, on the same stream.
         let c = unsafe { device.stream.alloc::<f32>(m_pad * dense.n_pad) }
@@ -412,14 +412,15 @@ impl PartLaunch<'_> {
             col_ids: addr(device, chunk.col_ids),
             dense_slot: addr(device, &dense.slot),
             a: addr(device, &a),
-            a16: addr(device, &a16),
+            a_fast: addr(device, &a_fast),
             b: addr(device, &dense.block),
-            b16: dense.block16.as_ref().map_or(0, |b| addr(device, b)),
+            b_fast: dense.fast.as_ref().map_or(0, |b| addr(device, b)),
             c: addr(device, &c),
             kp: dense.kp as i32,
             n_pad: dense.n_pad as i32,
             a_flags: addr(device, &a_flags),
             b_flags: dense.flags as i32,
+            fast_kind: dense.fast_kind as i32,
         };
         let start = device
             .stream
@@ -471,7 +472,9 @@ impl PartLaunch<'_> {
                 chunk.rows,
                 self.part_rows,
                 dense.kp,
-                if flags & DENSE_NOT_HALF == 0 {
+                if dense.fast_kind == FastKind::Int8 && flags & DENSE_NOT_INT8 == 0 {
+                    "8-bit"
+                } else if dense.fast_kind == FastKind::Half && flags & DENSE_NOT_HALF == 0 {
                     "half"
                 } else if flags & DENSE_NOT_TF32 == 0 {
                     "TF32"

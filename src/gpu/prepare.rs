@@ -68,13 +68,9 @@ pub(crate) struct HostPart {
 }
 
 impl HostPart {
-    /// The dense block's bytes per value: a float, and a half copy when it has one.
+    /// The dense block's bytes per value: a float, and its fast copy.
     fn dense_bytes_per_value(&self) -> usize {
-        if self.dense_flags & DENSE_NOT_HALF == 0 {
-            6
-        } else {
-            4
-        }
+        4 + fast_kind(self.dense_flags, self.dense_kp).bytes()
     }
 
     pub(crate) fn device_bytes(&self) -> u64 {
@@ -111,8 +107,10 @@ pub(crate) struct DevPart {
 /// A part's dense columns on the device.
 pub(crate) struct DevDense {
     pub(crate) block: CudaSlice<f32>,
-    /// Half-precision bits of `block`, when the part has them (see [`HostPart::dense_block16`]).
-    pub(crate) block16: Option<CudaSlice<u16>>,
+    /// `block` as 8-bit integers or half-precision bits, when its values all have them exactly
+    /// (see [`FastKind`]).
+    pub(crate) fast: Option<CudaSlice<u8>>,
+    pub(crate) fast_kind: FastKind,
     pub(crate) slot: CudaSlice<i32>,
     /// Dense columns (padded) and rows (padded) of `block`.
     pub(crate) kp: usize,
@@ -125,12 +123,46 @@ pub(crate) const DENSE_TILE_M: usize = 128;
 /// Right rows per block of `dense_gemm` (a part's block is padded to it).
 pub(crate) const DENSE_TILE_N: usize = 128;
 /// Dense columns per step of `dense_gemm` (the block's width is padded to it): 128 bytes of
-/// half values.
-pub(crate) const DENSE_TILE_K: usize = 64;
+/// 8-bit values.
+pub(crate) const DENSE_TILE_K: usize = 128;
 /// A value that is not a TF32 number (float32's low 13 mantissa bits set): the product splits it.
 pub(crate) const DENSE_NOT_TF32: u32 = 1;
 /// A value that is not an integer of magnitude at most 2048: no half-precision product.
 pub(crate) const DENSE_NOT_HALF: u32 = 2;
+/// A value that is not an integer of magnitude at most 127: no 8-bit integer product.
+pub(crate) const DENSE_NOT_INT8: u32 = 4;
+/// Dense columns an 8-bit integer product sums exactly in 32-bit integers: 127² · 133,000 < 2^31.
+const MAX_INT8_COLUMNS: usize = 133_000;
+
+/// The fast copy of a dense block, by its values (`DENSE_FAST_*` in kernels/knn.cu): the
+/// product runs on it when the left rows' values have it too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FastKind {
+    None = 0,
+    Half = 1,
+    Int8 = 2,
+}
+
+impl FastKind {
+    pub(crate) fn bytes(self) -> usize {
+        match self {
+            FastKind::None => 0,
+            FastKind::Half => 2,
+            FastKind::Int8 => 1,
+        }
+    }
+}
+
+/// The fast copy for a block of `kp` columns whose values' flags are `flags`.
+pub(crate) fn fast_kind(flags: u32, kp: usize) -> FastKind {
+    if flags & DENSE_NOT_INT8 == 0 && kp <= MAX_INT8_COLUMNS {
+        FastKind::Int8
+    } else if flags & DENSE_NOT_HALF == 0 {
+        FastKind::Half
+    } else {
+        FastKind::None
+    }
+}
 
 /// The flags of one value (as `dense_flags` in kernels/knn.cu).
 pub(crate) fn dense_flags(v: f32) -> u32 {
@@ -139,8 +171,12 @@ pub(crate) fn dense_flags(v: f32) -> u32 {
     } else {
         0
     };
-    if !(v == v.round() && v.abs() <= 2048.0) {
+    let whole = v == v.round();
+    if !(whole && v.abs() <= 2048.0) {
         f |= DENSE_NOT_HALF;
+    }
+    if !(whole && v.abs() <= 127.0) {
+        f |= DENSE_NOT_INT8;
     }
     f
 }
@@ -171,11 +207,15 @@ pub(crate) struct DenseColumns {
 
 /// Cost of one multiply-add of the dense product per TF32 pass, in units of one inverted-list
 /// entry walked by the folded kernels. A column of share ρ of the rows costs about ρ² entries
-/// per pair of rows in the lists and this per pass as a dense column.
-const DENSE_MAC_COST: f64 = 2.5e-3;
-/// Cost per pair of rows of the product's output (written, then read by the folded kernels), in
-/// the same unit: the dense columns must save more than this together.
-const DENSE_PAIR_COST: f64 = 0.2;
+/// per pair of rows in the lists and this per pass as a dense column. Fitted on an H200 (full
+/// self-joins, bench/gpu_runs/dense): an entry walked ~8e-12 s, a pair finished ~1e-11 s, a
+/// half-precision multiply-add 2e-14 s (half a TF32 pass).
+const DENSE_MAC_COST: f64 = 4e-3;
+/// Cost per pair of rows of the product's output (written, then read by the folded kernels) and
+/// of the smaller launches it makes, in the same unit: the dense columns must save more than
+/// this together. Fitted so that the movielens shape's 76 columns of share >= 5% (76% of the
+/// entries walked, a 0.3 s loss measured) are not taken.
+const DENSE_PAIR_COST: f64 = 1.5;
 
 /// Chooses the dense columns of `right` for `choice`, within `max_bytes` of dense block; None
 /// when none is worth it (or allowed).
@@ -234,16 +274,16 @@ pub(crate) fn choose_dense_columns(
             order.into_iter().take_while(|&c| share(c) >= min).collect()
         }
         DenseColumnChoice::Auto => {
-            // The left side is taken to look like the right (a self-join's does): counts go
-            // through the half-precision product (twice TF32's rate), TF32 numbers through one
-            // TF32 product, other values through the split one (three).
+            // The left side is taken to look like the right (a self-join's does): small counts
+            // go through the 8-bit product (four times TF32's rate), counts through the half-
+            // precision one (twice), TF32 numbers through one TF32 product, other values
+            // through the split one (three).
             let flags = order.iter().fold(0, |f, &c| f | col_flags[c] as u32);
-            let passes = if flags & DENSE_NOT_TF32 != 0 {
-                3.0
-            } else if flags & DENSE_NOT_HALF != 0 {
-                1.0
-            } else {
-                0.5
+            let passes = match fast_kind(flags, order.len()) {
+                FastKind::Int8 => 0.25,
+                FastKind::Half => 0.5,
+                FastKind::None if flags & DENSE_NOT_TF32 != 0 => 3.0,
+                FastKind::None => 1.0,
             };
             let taken: Vec<usize> = order
                 .into_iter()
@@ -548,10 +588,10 @@ fn fill_dense(
 ) -> Result<DevDense> {
     let n = host.dense_n_pad * host.dense_kp;
     let block = zeros::<f32>(device, n)?;
-    let block16 = if host.dense_flags & DENSE_NOT_HALF == 0 {
-        Some(zeros::<u16>(device, n)?)
-    } else {
-        None
+    let kind = fast_kind(host.dense_flags, host.dense_kp);
+    let fast = match kind {
+        FastKind::None => None,
+        _ => Some(zeros::<u8>(device, n * kind.bytes())?),
     };
     let slot = upload(device, &host.dense_slot, stats)?;
     let args = DenseFillArgs {
@@ -562,8 +602,9 @@ fn fill_dense(
         ncols: host.dense_slot.len() as i32,
         dense_slot: addr(device, &slot),
         b: addr(device, &block),
-        b16: block16.as_ref().map_or(0, |b| addr(device, b)),
+        b_fast: fast.as_ref().map_or(0, |b| addr(device, b)),
         kp: host.dense_kp as i32,
+        fast_kind: kind as i32,
     };
     let f = device.function(program, "dense_fill", 0)?;
     let cfg = LaunchConfig {
@@ -579,7 +620,8 @@ fn fill_dense(
     unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
     Ok(DevDense {
         block,
-        block16,
+        fast,
+        fast_kind: kind,
         slot,
         kp: host.dense_kp,
         n_pad: host.dense_n_pad,
@@ -700,7 +742,7 @@ mod tests {
             .unwrap();
         assert_eq!(d.count, 6);
         assert_eq!(d.kp, DENSE_TILE_K);
-        assert_eq!(d.flags, 0, "counts are TF32 numbers and half-exact");
+        assert_eq!(d.flags, 0, "counts below 100 are TF32 numbers, half- and 8-bit-exact");
         for c in 0..columns.len() {
             assert_eq!(d.slot[c] >= 0, c < 6, "column {c}");
         }
@@ -715,7 +757,7 @@ mod tests {
         let auto = choose_dense_columns(&split, &columns, DenseColumnChoice::Auto, unlimited)
             .unwrap();
         assert_eq!(auto.count, 8);
-        assert_eq!(auto.flags, DENSE_NOT_TF32 | DENSE_NOT_HALF);
+        assert_eq!(auto.flags, DENSE_NOT_TF32 | DENSE_NOT_HALF | DENSE_NOT_INT8);
         // Uniformly sparse columns are not worth a product.
         let sparse_rows: Vec<Vec<(i32, f32)>> =
             (0..4000).map(|r| vec![((r % 3000) as i32, 2.0)]).collect();
@@ -758,17 +800,31 @@ mod tests {
         let both =
             choose_dense_columns(&mixed, &columns2, DenseColumnChoice::MinShare(0.2), unlimited)
                 .unwrap();
-        assert_eq!((both.count, both.flags), (2, DENSE_NOT_HALF | DENSE_NOT_TF32));
+        assert_eq!(
+            (both.count, both.flags),
+            (2, DENSE_NOT_HALF | DENSE_NOT_TF32 | DENSE_NOT_INT8)
+        );
     }
 
     #[test]
     fn flags_say_which_values_are_tf32_numbers_and_small_integers() {
-        for v in [1.0f32, 2.0, 3.0, 7.0, 255.0, 1000.0, 2047.0, 2048.0, -5.0, -2048.0] {
+        for v in [255.0f32, 1000.0, 2047.0, 2048.0, -2048.0] {
+            assert_eq!(dense_flags(v), DENSE_NOT_INT8, "{v}");
+        }
+        for v in [1.0f32, 2.0, 127.0, -127.0] {
             assert_eq!(dense_flags(v), 0, "{v}");
         }
-        assert_eq!(dense_flags(0.5), DENSE_NOT_HALF);
-        assert_eq!(dense_flags(2049.0), DENSE_NOT_HALF | DENSE_NOT_TF32);
-        assert_eq!(dense_flags(4096.0), DENSE_NOT_HALF);
-        assert_eq!(dense_flags(0.1), DENSE_NOT_HALF | DENSE_NOT_TF32);
+        for v in [128.0f32, 255.0, 2048.0, -2000.0] {
+            assert_eq!(dense_flags(v), DENSE_NOT_INT8, "{v}");
+        }
+        let not_small = DENSE_NOT_HALF | DENSE_NOT_INT8;
+        assert_eq!(dense_flags(0.5), not_small);
+        assert_eq!(dense_flags(2049.0), not_small | DENSE_NOT_TF32);
+        assert_eq!(dense_flags(4096.0), not_small);
+        assert_eq!(dense_flags(0.1), not_small | DENSE_NOT_TF32);
+        assert_eq!(fast_kind(0, 64), FastKind::Int8);
+        assert_eq!(fast_kind(0, 200_000), FastKind::Half);
+        assert_eq!(fast_kind(DENSE_NOT_INT8, 64), FastKind::Half);
+        assert_eq!(fast_kind(not_small, 64), FastKind::None);
     }
 }
