@@ -416,7 +416,8 @@ impl DenseColumnChoice {
             v => match v.parse::<f64>() {
                 Ok(s) if s > 0.0 && s <= 1.0 => Ok(Self::MinShare(s)),
                 _ => Err(format!(
-                    "option dense_columns must be auto, off or a share of the right rows                      above 0 and at most 1 (e.g. 0.05), got '{value}'"
+                    "option dense_columns must be auto, off or a share of the right rows \
+                     above 0 and at most 1 (e.g. 0.05), got '{value}'"
                 )),
             },
         }
@@ -549,7 +550,8 @@ mod tests {
                 "sparse_knn.dim",
                 "sparse_knn.exclude_self",
                 "sparse_knn.gpu_memory_limit",
-                "sparse_knn.gpus"
+                "sparse_knn.gpus",
+                "sparse_knn.dense_columns"
             ]
         );
         ExtensionOptions::set(&mut config, "device", "cpu").unwrap();

@@ -803,9 +803,7 @@ fn dense_columns_on_tensor_cores_match_cpu() {
     type Draw = fn(&mut StdRng) -> f32;
     let draws: [(&str, Draw); 5] = [
         ("counts below 128", |rng| rng.random_range(1..128) as f32),
-        ("counts below 2^11", |rng| {
-            rng.random_range(1..2048) as f32
-        }),
+        ("counts below 2^11", |rng| rng.random_range(1..2048) as f32),
         ("even counts to 8000 (TF32 numbers)", |rng| {
             (rng.random_range(1..2000) * 4) as f32
         }),
@@ -871,7 +869,10 @@ fn dense_columns_on_tensor_cores_match_cpu() {
                 },
             )
             .unwrap();
-            assert!(tight.dense_columns() > 0 && tight.parts() == 1, "{label} {kind}");
+            assert!(
+                tight.dense_columns() > 0 && tight.parts() == 1,
+                "{label} {kind}"
+            );
             for (sel, exclude) in [
                 (Selection::Nearest(10), None),
                 (Selection::Nearest(10), Some(0i64)),
@@ -883,20 +884,39 @@ fn dense_columns_on_tensor_cores_match_cpu() {
                 for (which, l) in [("left", &left), ("far left", &far)] {
                     let c = cpu::probe(&cpu_index, l, sel, po);
                     let name = format!("{label} {kind} {which} {sel:?} exclude={exclude:?}");
-                    compare(&name, &m, l, &right, &c, &gpu_index.probe(l, sel, po).unwrap());
+                    compare(
+                        &name,
+                        &m,
+                        l,
+                        &right,
+                        &c,
+                        &gpu_index.probe(l, sel, po).unwrap(),
+                    );
                     compare(&name, &m, l, &right, &c, &off.probe(l, sel, po).unwrap());
                     let name = format!("{name} in several launches");
                     compare(&name, &m, l, &right, &c, &tight.probe(l, sel, po).unwrap());
                 }
             }
             // Radius: the 10th nearest distance of the CPU's answers, median over rows.
-            let tenth = cpu::probe(&cpu_index, &left, Selection::Nearest(10), ProbeOptions::default());
-            let mut ds: Vec<f64> = tenth.distance.iter().copied().filter(|d| d.is_finite()).collect();
+            let tenth = cpu::probe(
+                &cpu_index,
+                &left,
+                Selection::Nearest(10),
+                ProbeOptions::default(),
+            );
+            let mut ds: Vec<f64> = tenth
+                .distance
+                .iter()
+                .copied()
+                .filter(|d| d.is_finite())
+                .collect();
             ds.sort_by(|a, b| a.total_cmp(b));
             let radius = ds[ds.len() / 2];
             let po = ProbeOptions::default();
             let c = cpu::probe(&cpu_index, &left, Selection::Within(radius), po);
-            let g = gpu_index.probe(&left, Selection::Within(radius), po).unwrap();
+            let g = gpu_index
+                .probe(&left, Selection::Within(radius), po)
+                .unwrap();
             let key = |p: &PairList, i: usize| ((p.left[i] as u64) << 32) | p.right[i] as u64;
             let cset: std::collections::HashMap<u64, f64> =
                 (0..c.len()).map(|i| (key(&c, i), c.distance[i])).collect();

@@ -167,8 +167,15 @@ impl Layout {
 
         // Parts: one when the prepared right side fits in 60% of the budget (the rest is for
         // probes); otherwise parts of at most 30% each, streamed per probe.
-        let total_estimate =
-            estimate_bytes(right, 0, rows, &program, &columns, tile_rows, dense.as_ref());
+        let total_estimate = estimate_bytes(
+            right,
+            0,
+            rows,
+            &program,
+            &columns,
+            tile_rows,
+            dense.as_ref(),
+        );
         let part_limit = if total_estimate <= budget / 10 * 6 {
             u64::MAX
         } else {
@@ -441,7 +448,13 @@ impl GpuIndex {
             .collect();
         let mut stats = GpuStats::default();
         let resident = (host_parts.len() == 1).then(|| &host_parts[0]);
-        let mut uploaded = upload_layout(&device, &layout.program, &layout.columns, resident, &mut stats)?;
+        let mut uploaded = upload_layout(
+            &device,
+            &layout.program,
+            &layout.columns,
+            resident,
+            &mut stats,
+        )?;
         uploaded.host_parts = (host_parts.len() > 1).then_some(host_parts);
         drop(build_turn);
         log::debug!(

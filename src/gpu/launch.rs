@@ -429,7 +429,11 @@ impl PartLaunch<'_> {
         let scatter = device.function(program, "dense_scatter", 0)?;
         let warps_per_block = 8;
         let cfg = LaunchConfig {
-            grid_dim: (chunk.rows.div_ceil(warps_per_block).min(65_535) as u32, 1, 1),
+            grid_dim: (
+                chunk.rows.div_ceil(warps_per_block).min(65_535) as u32,
+                1,
+                1,
+            ),
             block_dim: (32 * warps_per_block as u32, 1, 1),
             shared_mem_bytes: 0,
         };

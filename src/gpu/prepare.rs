@@ -181,7 +181,6 @@ pub(crate) fn dense_flags(v: f32) -> u32 {
     f
 }
 
-
 /// Values of a dense column must lie in [2^-40, 2^40] (or be 0): their float32 products and
 /// sums then neither underflow nor overflow. A column with others stays sparse; a left chunk
 /// with others runs without the product.
@@ -608,7 +607,11 @@ fn fill_dense(
     };
     let f = device.function(program, "dense_fill", 0)?;
     let cfg = LaunchConfig {
-        grid_dim: (host.dense_slot.len().div_ceil(8).clamp(1, 65_535) as u32, 1, 1),
+        grid_dim: (
+            host.dense_slot.len().div_ceil(8).clamp(1, 65_535) as u32,
+            1,
+            1,
+        ),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
@@ -736,26 +739,36 @@ mod tests {
         let right = shares_batch(4000, false);
         let columns = ColumnMap::Direct(right.max_dim());
         let unlimited = u64::MAX;
-        assert!(choose_dense_columns(&right, &columns, DenseColumnChoice::Off, unlimited).is_none());
+        assert!(
+            choose_dense_columns(&right, &columns, DenseColumnChoice::Off, unlimited).is_none()
+        );
         // Shares 1, 7/8, ..., 1/8: at least 0.3 takes columns 0..=5 (6/8 = 0.75 .. 3/8).
-        let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.3), unlimited)
-            .unwrap();
+        let d = choose_dense_columns(
+            &right,
+            &columns,
+            DenseColumnChoice::MinShare(0.3),
+            unlimited,
+        )
+        .unwrap();
         assert_eq!(d.count, 6);
         assert_eq!(d.kp, DENSE_TILE_K);
-        assert_eq!(d.flags, 0, "counts below 100 are TF32 numbers, half- and 8-bit-exact");
+        assert_eq!(
+            d.flags, 0,
+            "counts below 100 are TF32 numbers, half- and 8-bit-exact"
+        );
         for c in 0..columns.len() {
             assert_eq!(d.slot[c] >= 0, c < 6, "column {c}");
         }
         // The slots are in order of share (densest first).
         assert_eq!(&d.slot[..6], &[0, 1, 2, 3, 4, 5]);
         // Auto: counts need one TF32 pass; every column with share² above its cost is taken.
-        let auto = choose_dense_columns(&right, &columns, DenseColumnChoice::Auto, unlimited)
-            .unwrap();
+        let auto =
+            choose_dense_columns(&right, &columns, DenseColumnChoice::Auto, unlimited).unwrap();
         assert_eq!(auto.count, 8);
         // Fractions need the split product (three passes): the same columns still pay here.
         let split = shares_batch(4000, true);
-        let auto = choose_dense_columns(&split, &columns, DenseColumnChoice::Auto, unlimited)
-            .unwrap();
+        let auto =
+            choose_dense_columns(&split, &columns, DenseColumnChoice::Auto, unlimited).unwrap();
         assert_eq!(auto.count, 8);
         assert_eq!(auto.flags, DENSE_NOT_TF32 | DENSE_NOT_HALF | DENSE_NOT_INT8);
         // Uniformly sparse columns are not worth a product.
@@ -763,12 +776,14 @@ mod tests {
             (0..4000).map(|r| vec![((r % 3000) as i32, 2.0)]).collect();
         let sparse = SparseBatch::from_rows(sparse_rows.iter().map(|r| Some(r.as_slice())));
         let sparse_cols = ColumnMap::Direct(sparse.max_dim());
-        assert!(choose_dense_columns(&sparse, &sparse_cols, DenseColumnChoice::Auto, unlimited)
-            .is_none());
+        assert!(
+            choose_dense_columns(&sparse, &sparse_cols, DenseColumnChoice::Auto, unlimited)
+                .is_none()
+        );
         // Memory is counted in whole tiles of columns (64 of 4,096 padded rows, 6 bytes each).
         let tile = 4096 * 6 * DENSE_TILE_K as u64;
-        let d = choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), tile)
-            .unwrap();
+        let d =
+            choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), tile).unwrap();
         assert_eq!(d.count, 8);
         assert!(
             choose_dense_columns(&right, &columns, DenseColumnChoice::MinShare(0.1), tile - 1)
@@ -778,8 +793,13 @@ mod tests {
         let mut rows: Vec<Vec<(i32, f32)>> = (0..100).map(|_| vec![(0, 1.0), (1, 2.0)]).collect();
         rows[50][1].1 = 3.0e12;
         let odd = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
-        let d = choose_dense_columns(&odd, &ColumnMap::Direct(2), DenseColumnChoice::MinShare(0.5), unlimited)
-            .unwrap();
+        let d = choose_dense_columns(
+            &odd,
+            &ColumnMap::Direct(2),
+            DenseColumnChoice::MinShare(0.5),
+            unlimited,
+        )
+        .unwrap();
         assert_eq!((d.count, d.slot[0], d.slot[1]), (1, 0, -1));
         // The flags are those of the chosen columns only.
         let rows: Vec<Vec<(i32, f32)>> = (0..100)
@@ -793,13 +813,21 @@ mod tests {
             .collect();
         let mixed = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
         let columns2 = ColumnMap::Direct(2);
-        let only_counts =
-            choose_dense_columns(&mixed, &columns2, DenseColumnChoice::MinShare(0.5), unlimited)
-                .unwrap();
+        let only_counts = choose_dense_columns(
+            &mixed,
+            &columns2,
+            DenseColumnChoice::MinShare(0.5),
+            unlimited,
+        )
+        .unwrap();
         assert_eq!((only_counts.count, only_counts.flags), (1, 0));
-        let both =
-            choose_dense_columns(&mixed, &columns2, DenseColumnChoice::MinShare(0.2), unlimited)
-                .unwrap();
+        let both = choose_dense_columns(
+            &mixed,
+            &columns2,
+            DenseColumnChoice::MinShare(0.2),
+            unlimited,
+        )
+        .unwrap();
         assert_eq!(
             (both.count, both.flags),
             (2, DENSE_NOT_HALF | DENSE_NOT_TF32 | DENSE_NOT_INT8)
