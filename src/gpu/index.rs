@@ -21,7 +21,7 @@ use super::launch::{folded_fixed_smem, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW}
 use super::memory::upload;
 use super::prepare::{
     choose_dense_columns, estimate_bytes, prepare_part, upload_part, ColumnMap, DenseColumns,
-    DevPart, HostPart,
+    DevPart, HostPart, PartShape,
 };
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
@@ -243,10 +243,12 @@ impl Layout {
                     &totals,
                     a,
                     b,
-                    &self.program,
-                    &self.columns,
-                    self.tile_rows,
-                    self.dense.as_ref(),
+                    &PartShape {
+                        program: &self.program,
+                        columns: &self.columns,
+                        tile_rows: self.tile_rows,
+                        dense: self.dense.as_ref(),
+                    },
                 )
             })
             .collect()
@@ -1000,11 +1002,9 @@ impl GpuIndex {
         let step = 256;
         // The dense product's output is a float per pair: at most DENSE_LAUNCH_BYTES a launch
         // (fewer, larger allocations cost more than they save).
-        let max_rows = if self.dense_row_bytes > 0 {
-            ((DENSE_LAUNCH_BYTES / self.dense_row_bytes) as usize).max(256)
-        } else {
-            MAX_CHUNK_ROWS
-        };
+        let max_rows = DENSE_LAUNCH_BYTES
+            .checked_div(self.dense_row_bytes)
+            .map_or(MAX_CHUNK_ROWS, |rows| (rows as usize).max(256));
         while r1 < left.len() && r1 - r0 < max_rows {
             let next = (r1 + step).min(left.len());
             let entries = (off[next] - off[r1]) as u64;

@@ -362,16 +362,24 @@ fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
 
 /// Rows `start..end` of the right side, as the kernels of `program` read them; `totals` are the
 /// definition's totals of every right row.
+/// How a part is laid out for the kernels: the metric's program, the column ids, the tile
+/// height and the dense columns.
+pub(crate) struct PartShape<'a> {
+    pub(crate) program: &'a MetricProgram,
+    pub(crate) columns: &'a ColumnMap,
+    pub(crate) tile_rows: usize,
+    pub(crate) dense: Option<&'a DenseColumns>,
+}
+
 pub(crate) fn prepare_part(
     right: &SparseBatch,
     totals: &[RowTotals],
     start: usize,
     end: usize,
-    program: &MetricProgram,
-    columns: &ColumnMap,
-    tile_rows: usize,
-    dense: Option<&DenseColumns>,
+    shape: &PartShape<'_>,
 ) -> HostPart {
+    let (program, columns, tile_rows, dense) =
+        (shape.program, shape.columns, shape.tile_rows, shape.dense);
     let rows = end - start;
     let mut part = HostPart {
         first_row: start,
@@ -684,7 +692,13 @@ mod tests {
                 .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
                 .collect();
             let program = MetricProgram::of(&s);
-            prepare_part(&right, &totals, 0, right.len(), &program, &ColumnMap::Direct(ncols), tile_rows, None)
+            let shape = PartShape {
+                program: &program,
+                columns: &ColumnMap::Direct(ncols),
+                tile_rows,
+                dense: None,
+            };
+            prepare_part(&right, &totals, 0, right.len(), &shape)
         });
         let mut columns: Vec<Vec<(u32, f32)>> = vec![Vec::new(); ncols];
         for (r, row) in rows.iter().enumerate() {
@@ -772,8 +786,7 @@ mod tests {
         assert_eq!(auto.count, 8);
         assert_eq!(auto.flags, DENSE_NOT_TF32 | DENSE_NOT_HALF | DENSE_NOT_INT8);
         // Uniformly sparse columns are not worth a product.
-        let sparse_rows: Vec<Vec<(i32, f32)>> =
-            (0..4000).map(|r| vec![((r % 3000) as i32, 2.0)]).collect();
+        let sparse_rows: Vec<Vec<(i32, f32)>> = (0..4000).map(|r| vec![(r % 3000, 2.0)]).collect();
         let sparse = SparseBatch::from_rows(sparse_rows.iter().map(|r| Some(r.as_slice())));
         let sparse_cols = ColumnMap::Direct(sparse.max_dim());
         assert!(
