@@ -570,6 +570,12 @@ __device__ __forceinline__ u32 to_tf32(u32 bits) {
     return r;
 }
 
+// A float's TF32 part and, when `split`, the TF32 part of what it leaves (else 0).
+__device__ __forceinline__ void split_tf32(u32 bits, bool split, u32* hi, u32* lo) {
+    *hi = to_tf32(bits);
+    *lo = split ? to_tf32(__float_as_uint(__uint_as_float(bits) - __uint_as_float(*hi))) : 0u;
+}
+
 __device__ __forceinline__ void mma_tf32(float* c, const u32* a, const u32* b) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
@@ -702,21 +708,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) dense_gemm(const DenseArgs 
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll
-                    for (int q = 0; q < 4; ++q) {
-                        ah[i][q] = to_tf32(aw[i][q]);
-                        al[i][q] = a_lo ? to_tf32(__float_as_uint(__uint_as_float(aw[i][q])
-                                                                  - __uint_as_float(ah[i][q])))
-                                        : 0u;
-                    }
+                    for (int q = 0; q < 4; ++q) split_tf32(aw[i][q], a_lo, &ah[i][q], &al[i][q]);
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
 #pragma unroll
-                    for (int q = 0; q < 2; ++q) {
-                        bh[j][q] = to_tf32(bw[j][q]);
-                        bl[j][q] = b_lo ? to_tf32(__float_as_uint(__uint_as_float(bw[j][q])
-                                                                  - __uint_as_float(bh[j][q])))
-                                        : 0u;
-                    }
+                    for (int q = 0; q < 2; ++q) split_tf32(bw[j][q], b_lo, &bh[j][q], &bl[j][q]);
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
 #pragma unroll

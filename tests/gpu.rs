@@ -163,6 +163,44 @@ fn compare(
     }
 }
 
+/// A radius join's pairs agree with the CPU's: every pair found by both within `tol(pair, d)`,
+/// and a pair found by one side only lies at the radius (within the same tolerance).
+fn assert_same_radius_pairs(
+    name: &str,
+    cpu: &PairList,
+    gpu: &PairList,
+    radius: f64,
+    tol: impl Fn(u64, f64) -> f64,
+) {
+    let key = |p: &PairList, i: usize| ((p.left[i] as u64) << 32) | p.right[i] as u64;
+    let cset: std::collections::HashMap<u64, f64> = (0..cpu.len())
+        .map(|i| (key(cpu, i), cpu.distance[i]))
+        .collect();
+    let gset: std::collections::HashMap<u64, f64> = (0..gpu.len())
+        .map(|i| (key(gpu, i), gpu.distance[i]))
+        .collect();
+    for (&kk, &d) in &cset {
+        if !gset.contains_key(&kk) {
+            assert!(
+                (d - radius).abs() <= tol(kk, radius),
+                "{name}: CPU pair {kk:x} at {d} missing on the GPU (radius {radius})"
+            );
+        }
+    }
+    for (&kk, &d) in &gset {
+        match cset.get(&kk) {
+            Some(&cd) => assert!(
+                (cd - d).abs() <= tol(kk, cd),
+                "{name}: pair {kk:x}: CPU {cd} GPU {d}"
+            ),
+            None => assert!(
+                (d - radius).abs() <= tol(kk, radius),
+                "{name}: GPU pair {kk:x} at {d} not on the CPU (radius {radius})"
+            ),
+        }
+    }
+}
+
 fn gpu_or_skip() -> bool {
     if !gpu::is_available() {
         eprintln!("no CUDA GPU: {}", gpu::describe());
@@ -381,31 +419,7 @@ fn radius_matches_cpu() {
                     );
                 }
             }
-            let key = |p: &PairList, i: usize| ((p.left[i] as u64) << 32) | p.right[i] as u64;
-            let cset: std::collections::HashMap<u64, f64> =
-                (0..c.len()).map(|i| (key(&c, i), c.distance[i])).collect();
-            let gset: std::collections::HashMap<u64, f64> =
-                (0..g.len()).map(|i| (key(&g, i), g.distance[i])).collect();
-            for (kk, d) in &cset {
-                if !gset.contains_key(kk) {
-                    assert!(
-                        (d - radius).abs() <= tolerance(radius, 1.0),
-                        "{kind}: CPU pair {kk:x} at {d} missing on the GPU (radius {radius})"
-                    );
-                }
-            }
-            for (kk, d) in &gset {
-                match cset.get(kk) {
-                    Some(cd) => assert!(
-                        (cd - d).abs() <= tolerance(*cd, 1.0),
-                        "{kind}: pair {kk:x}: CPU {cd} GPU {d}"
-                    ),
-                    None => assert!(
-                        (d - radius).abs() <= tolerance(radius, 1.0),
-                        "{kind}: GPU pair {kk:x} at {d} not on the CPU (radius {radius})"
-                    ),
-                }
-            }
+            assert_same_radius_pairs(&format!("{kind}"), &c, &g, radius, |_, d| tolerance(d, 1.0));
             if let Some(l) = limit {
                 assert!(gpu_index.stats().peak_device_bytes <= l);
             }
@@ -917,45 +931,10 @@ fn dense_columns_on_tensor_cores_match_cpu() {
             let g = gpu_index
                 .probe(&left, Selection::Within(radius), po)
                 .unwrap();
-            let key = |p: &PairList, i: usize| ((p.left[i] as u64) << 32) | p.right[i] as u64;
-            let cset: std::collections::HashMap<u64, f64> =
-                (0..c.len()).map(|i| (key(&c, i), c.distance[i])).collect();
-            let gset: std::collections::HashMap<u64, f64> =
-                (0..g.len()).map(|i| (key(&g, i), g.distance[i])).collect();
             assert!(c.len() > 1000, "{label} {kind}: {} radius pairs", c.len());
-            // The SPEC's allowance for the expanded forms, per pair.
-            let tol = |kk: u64, d: f64| {
-                let (l, r) = ((kk >> 32) as usize, (kk & 0xffff_ffff) as usize);
-                let scale = if matches!(
-                    kind,
-                    MetricKind::Euclidean | MetricKind::SqEuclidean | MetricKind::Correlation
-                ) {
-                    (norm2(left.row(l)) + norm2(right.row(r))).sqrt()
-                } else {
-                    0.0
-                };
-                tolerance(d, scale)
-            };
-            for (&kk, &d) in &gset {
-                match cset.get(&kk) {
-                    Some(&cd) => assert!(
-                        (cd - d).abs() <= tol(kk, cd),
-                        "{label} {kind}: pair {kk:x}: CPU {cd} GPU {d}"
-                    ),
-                    None => assert!(
-                        (d - radius).abs() <= tol(kk, radius),
-                        "{label} {kind}: GPU pair {kk:x} at {d} not on the CPU (radius {radius})"
-                    ),
-                }
-            }
-            for (&kk, &d) in &cset {
-                if !gset.contains_key(&kk) {
-                    assert!(
-                        (d - radius).abs() <= tol(kk, radius),
-                        "{label} {kind}: CPU pair {kk:x} at {d} missing on the GPU (radius {radius})"
-                    );
-                }
-            }
+            assert_same_radius_pairs(&format!("{label} {kind}"), &c, &g, radius, |_, d| {
+                tolerance(d, 0.0)
+            });
         }
     }
 }

@@ -495,9 +495,12 @@ impl GpuIndex {
             budget = budget.min(options.memory_limit.unwrap_or(free / 10 * 8));
         }
         let layout = Layout::of(&devices[0], right, s, budget, options);
-        let same_tiles = devices
-            .iter()
-            .all(|d| tile_rows(d, &layout.program) == layout.tile_rows);
+        // (and the same tensor cores: the dense product is planned for the first device and
+        // does not run below compute capability 8.0)
+        let same_tiles = devices.iter().all(|d| {
+            tile_rows(d, &layout.program) == layout.tile_rows
+                && d.tensor_cores == devices[0].tensor_cores
+        });
         if layout.ranges.len() != 1 || !same_tiles {
             return Ok(None);
         }
