@@ -298,6 +298,11 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     __shared__ int s_count;
     __shared__ u64 s_tau_key;
     __shared__ u32 s_tau_row;
+    // Rows whose sum is 0 (no shared column, for most pairs of sparse rows): where the metric's
+    // distance at sum 0 is one constant (`zero_skip`: dot, cosine), they tie in row order, so
+    // only the first k of them can be among the k nearest, and for a radius either all or none
+    // are within it: the rest are not finished at all.
+    __shared__ int s_zeros;
 
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
         const int row = work[w];
@@ -329,8 +334,15 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
             s_count = 0;
             s_tau_key = NO_KEY;
             s_tau_row = NO_ROW;
+            s_zeros = 0;
         }
         __syncthreads();
+        // Eligible rows of sum 0 offered so far (read between the barriers of each round, so
+        // every thread of the block holds the same count).
+        int zeros_seen = 0;
+        const double zero_radius = RADIUS ? (a.row_radius ? a.row_radius[w] : radius) : 0.0;
+        const bool zeros_outside = RADIUS
+            && !(MetricDef::SIMILARITY ? a.zero_dist >= zero_radius : a.zero_dist <= zero_radius);
 
         for (int t = 0; t < ntiles; ++t) {
             const int tile_first = t * tile_rows;
@@ -413,7 +425,15 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     long long raw0 = acc0[jj];
                     const bool counted = cbits == 0 || (raw0 & ((1ll << cbits) - 1)) != 0;
                     raw0 >>= cbits;
-                    if (counted && row_valid(valid_bits, j) && (long long)j != self_row) {
+                    bool take = counted && row_valid(valid_bits, j) && (long long)j != self_row;
+                    if (take && a.zero_skip && raw0 == 0) {
+                        if (RADIUS ? zeros_outside : zeros_seen >= k) {
+                            take = false;
+                        } else if (!RADIUS) {
+                            atomicAdd(&s_zeros, 1);
+                        }
+                    }
+                    if (take) {
                         const Totals lt = {lt0, lt1};
                         const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
                                            MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
@@ -450,6 +470,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     // At most B entries arrive per round: compact before the buffer can overflow.
                     // Every thread reads the count before any thread can add to it again.
                     const int cnt = s_count;
+                    zeros_seen = s_zeros;
                     __syncthreads();
                     if (cnt > cap - B)
                         topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);

@@ -120,6 +120,10 @@ kernel_args! {
         dense: DevPtr = "const float*",
         dense_stride: i64 = "long long",
         dense_slot: DevPtr = "const int*",
+        /// 1 when every pair whose sum is 0 has the distance `zero_dist` (dot, cosine): such
+        /// rows tie in row order and the kernels finish only those that can be selected.
+        zero_skip: i32 = "int",
+        zero_dist: f64 = "double",
     }
 }
 

@@ -7,7 +7,7 @@ use datafusion::common::{exec_datafusion_err, Result};
 
 use super::args::{DenseArgs, DenseFillArgs, FoldedArgs};
 use crate::metric::cuda::cuda_definition;
-use crate::metric::{KeyForm, Params, Reduction, Semiring};
+use crate::metric::{KeyForm, Params, Reduction, RowTotals, Semiring};
 
 const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
 const KERNELS: &str = include_str!("../../kernels/knn.cu");
@@ -36,6 +36,10 @@ pub struct MetricProgram {
     /// sqeuclidean, correlation) cancel near zero, where the SPEC's absolute allowance
     /// (1e-3·√(‖x‖² + ‖y‖²)) needs more than float32 sums of raw counts in the thousands give.
     pub bilinear: bool,
+    /// The distance of every pair whose folded sum is 0, when it is one constant whatever the
+    /// rows' totals (dot: 0, cosine: 1; checked on totals with zeros): the kernels then finish
+    /// only the rows of sum 0 that can be selected.
+    pub zero_distance: Option<f64>,
 }
 
 impl MetricProgram {
@@ -50,6 +54,7 @@ impl MetricProgram {
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
             bilinear: is_bilinear(s),
+            zero_distance: zero_distance(s),
         }
     }
 
@@ -101,6 +106,29 @@ fn is_bilinear<S: Semiring>(s: &S) -> bool {
         && points
             .iter()
             .all(|&(x, y)| S::pair0(x, y, 0.0, 0.0, &prm) == c * x * y)
+}
+
+/// `finish(0, 0, l, r)` when it is the same for every pair of totals (the metric's totals of
+/// zero, small and large rows) and `s` is bilinear (a sum of 0 then means nothing shared, or
+/// shared terms that cancel, and both finish the same); None otherwise.
+fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
+    if !is_bilinear(s) {
+        return None;
+    }
+    let totals = [0.0, 1e-30, 0.5, 1.0, 3.0, 1e6, 1e30];
+    let at = |a: f64, b: f64| {
+        s.finish(
+            0.0,
+            0.0,
+            &RowTotals { t0: a, t1: a },
+            &RowTotals { t0: b, t1: b },
+        )
+    };
+    let d = at(0.0, 0.0);
+    let constant = totals
+        .iter()
+        .all(|&a| totals.iter().all(|&b| at(a, b).to_bits() == d.to_bits()));
+    (constant && d.is_finite()).then_some(d)
 }
 
 /// The translation unit of metric `S`.
@@ -175,5 +203,13 @@ mod tests {
             .collect();
         bilinear.sort_unstable();
         assert_eq!(bilinear, ["cosine", "dot"]);
+        for p in all_programs() {
+            let want = match p.name {
+                "dot" => Some(0.0),
+                "cosine" => Some(1.0),
+                _ => None,
+            };
+            assert_eq!(p.zero_distance, want, "{}", p.name);
+        }
     }
 }

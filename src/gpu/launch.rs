@@ -277,6 +277,10 @@ impl PartLaunch<'_> {
                     dense: dense_sums.as_ref().map_or(0, |c| addr(device, c)),
                     dense_stride: dense.map_or(0, |d| d.n_pad as i64),
                     dense_slot: dense.map_or(0, |d| addr(device, &d.slot)),
+                    zero_skip: (program.zero_distance.is_some()
+                        && !self.lower_bounds
+                        && !self.shared_only) as i32,
+                    zero_dist: program.zero_distance.unwrap_or(0.0),
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (nwork as u32, 1, 1),
