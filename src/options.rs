@@ -396,7 +396,7 @@ impl JoinOptions {
 
 /// `0,1` → [0, 1]: CUDA ordinals, at least one, none repeated (whether they exist is checked
 /// where the join runs).
-/// Which columns of the right side a GPU join of a bilinear metric takes as a dense block on the
+/// Which columns of the right side a GPU join of dot or cosine takes as a dense block on the
 /// tensor cores (option `dense_columns`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DenseColumnChoice {

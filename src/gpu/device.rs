@@ -66,8 +66,8 @@ pub(crate) struct Device {
     pub smem_optin: u32,
     pub smem_per_sm: u32,
     pub arch: String,
-    /// TF32 tensor cores (compute capability 8.0 or later): dense columns of bilinear metrics
-    /// go through `dense_gemm`.
+    /// Tensor cores with TF32, half and 8-bit products (compute capability 8.0 or later): the
+    /// dense columns of dot and cosine go through `dense_gemm`.
     pub tensor_cores: bool,
     /// Per metric module (keyed by a hash of its source): the loaded module or why it failed.
     modules: Mutex<HashMap<u64, std::result::Result<Arc<CudaModule>, String>>>,

@@ -192,7 +192,7 @@ pub(crate) fn dense_value_ok(v: f32) -> bool {
     v == 0.0 || (DENSE_MIN_ABS..=DENSE_MAX_ABS).contains(&v.abs())
 }
 
-/// The columns of the right side that the tensor cores take as a dense block (bilinear metrics).
+/// The columns of the right side that the tensor cores take as a dense block (dot, cosine).
 #[derive(Debug, Clone)]
 pub(crate) struct DenseColumns {
     /// Per column id: its place in the dense block, or -1.

@@ -10,7 +10,7 @@ pub struct GpuOptions {
     pub memory_limit: Option<u64>,
     /// The CUDA ordinals to use (None: every visible GPU).
     pub gpus: Option<Vec<usize>>,
-    /// Right columns multiplied on the tensor cores (bilinear metrics).
+    /// Right columns multiplied on the tensor cores (dot, cosine).
     pub dense_columns: crate::options::DenseColumnChoice,
 }
 
