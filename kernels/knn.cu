@@ -503,21 +503,14 @@ extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>
 // float32 accuracy). Tensor cores add in float32 with truncation; their sums are moved into a
 // float32 running sum (rounded to nearest) every DENSE_FLUSH columns.
 
-#define DG_BM 128
-#define DG_BN 128
-// 32-bit words of k per tile row (32 floats, 64 halves or 128 bytes: 128 bytes), and the padded
-// row.
+// DG_BM, DG_BN (the block's tile of C), DG_LD (32-bit words per padded tile row: 32 words of k,
+// i.e. 32 floats, 64 halves or 128 bytes, plus 4), the value flags DENSE_NOT_TF32 (not a TF32
+// number), DENSE_NOT_HALF (not an integer of magnitude <= 2048), DENSE_NOT_INT8 (<= 127), and
+// the fast copies' kinds DENSE_FAST_HALF, DENSE_FAST_INT8 are defined from src/gpu/prepare.rs
+// (`dense_defines`).
 #define DG_BKW 32
-#define DG_LD (DG_BKW + 4)
 #define DG_STAGE_WORDS ((DG_BM + DG_BN) * DG_LD)
 #define DENSE_FLUSH 64
-// Value flags: not a TF32 number (bit 0); not an integer of magnitude <= 2048 (bit 1), <= 127
-// (bit 2). The fast copies of the operands (`fast_kind`): 1 half precision, 2 8-bit integers.
-#define DENSE_NOT_TF32 1u
-#define DENSE_NOT_HALF 2u
-#define DENSE_NOT_INT8 4u
-#define DENSE_FAST_HALF 1
-#define DENSE_FAST_INT8 2
 
 __device__ __forceinline__ u32 dense_flags(float v) {
     u32 f = (__float_as_uint(v) & 0x1fffu) ? DENSE_NOT_TF32 : 0u;

@@ -398,9 +398,10 @@ impl JoinOptions {
 /// where the join runs).
 /// Which columns of the right side a GPU join of dot or cosine takes as a dense block on the
 /// tensor cores (option `dense_columns`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum DenseColumnChoice {
     /// Chosen by a cost model from each column's share of the right rows.
+    #[default]
     Auto,
     /// None: every column through the inverted lists.
     Off,

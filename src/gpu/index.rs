@@ -20,8 +20,8 @@ use super::kernels::MetricProgram;
 use super::launch::{folded_fixed_smem, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW};
 use super::memory::upload;
 use super::prepare::{
-    choose_dense_columns, estimate_bytes, prepare_part, upload_part, ColumnMap, DenseColumns,
-    DevPart, HostPart, PartShape,
+    choose_dense_columns, dense_bytes_per_left_row, estimate_bytes, fast_kind, prepare_part,
+    upload_part, ColumnMap, DenseColumns, DevPart, HostPart, PartShape, DENSE_TILE_N,
 };
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection, TopK};
@@ -574,10 +574,11 @@ impl GpuIndex {
             budget: layout.budget,
             dense_count: layout.dense.as_ref().map_or(0, |d| d.count),
             dense_row_bytes: layout.dense.as_ref().map_or(0, |d| {
-                (d.kp * (4 + super::prepare::fast_kind(d.flags, d.kp).bytes())
-                    + right.len().div_ceil(super::prepare::DENSE_TILE_N)
-                        * super::prepare::DENSE_TILE_N
-                        * 4) as u64
+                dense_bytes_per_left_row(
+                    d.kp,
+                    fast_kind(d.flags, d.kp),
+                    right.len().div_ceil(DENSE_TILE_N) * DENSE_TILE_N,
+                )
             }),
             max_row_len: right.max_row_len() as i32,
             exact,

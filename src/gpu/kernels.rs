@@ -44,6 +44,7 @@ pub struct MetricProgram {
 
 impl MetricProgram {
     pub fn of<S: Semiring>(s: &S) -> Self {
+        let bilinear = is_bilinear(s);
         MetricProgram {
             name: S::NAME,
             source: module_source::<S>(),
@@ -53,8 +54,8 @@ impl MetricProgram {
                 || S::REDUCTION == Reduction::Max,
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
-            bilinear: is_bilinear(s),
-            zero_distance: zero_distance(s),
+            bilinear,
+            zero_distance: if bilinear { zero_distance(s) } else { None },
         }
     }
 
@@ -109,12 +110,9 @@ fn is_bilinear<S: Semiring>(s: &S) -> bool {
 }
 
 /// `finish(0, 0, l, r)` when it is the same for every pair of totals (the metric's totals of
-/// zero, small and large rows) and `s` is bilinear (a sum of 0 then means nothing shared, or
-/// shared terms that cancel, and both finish the same); None otherwise.
+/// zero, small and large rows); None otherwise. Asked only of bilinear metrics, where a sum of 0
+/// means nothing shared or shared terms that cancel, and both finish the same.
 fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
-    if !is_bilinear(s) {
-        return None;
-    }
     let totals = [0.0, 1e-30, 0.5, 1.0, 3.0, 1e6, 1e30];
     let at = |a: f64, b: f64| {
         s.finish(
@@ -134,8 +132,9 @@ fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n{}{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
+        super::prepare::dense_defines(),
         FoldedArgs::cuda_declaration(),
         DenseArgs::cuda_declaration(),
         DenseFillArgs::cuda_declaration(),

@@ -11,8 +11,9 @@ use super::device::{cuda_err, Device};
 use super::kernels::{MetricProgram, FOLDED_THREADS};
 use super::memory::{addr, download, upload, zeros};
 use super::prepare::{
-    dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, FastKind, DENSE_NOT_HALF,
-    DENSE_NOT_INT8, DENSE_NOT_TF32, DENSE_TILE_M, DENSE_TILE_N, TOP_VALUES,
+    dense_bytes_per_left_row, dense_value_ok, max_ranks, ColumnMap, DevDense, DevPart, FastKind,
+    DENSE_GEMM_SMEM, DENSE_NOT_HALF, DENSE_NOT_INT8, DENSE_NOT_TF32, DENSE_TILE_M, DENSE_TILE_N,
+    TOP_VALUES,
 };
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
@@ -369,12 +370,10 @@ impl PartLaunch<'_> {
     }
 }
 
-/// Shared memory of `dense_gemm`: two stages of 128 + 128 rows of 36 words.
-const DENSE_GEMM_SMEM: u32 = 2 * (128 + 128) * 36 * 4;
-
-/// Device bytes of a launch's dense product for `m_pad` left rows: A and its fast copy, C.
-pub(crate) fn dense_launch_bytes(dense: &DevDense, m_pad: usize) -> u64 {
-    (m_pad * dense.kp * (4 + dense.fast_kind.bytes()) + m_pad * dense.n_pad * 4 + 4) as u64
+/// Device bytes of a launch's dense product for `m_pad` left rows: A and its fast copy, C, and
+/// A's value flags.
+fn dense_launch_bytes(dense: &DevDense, m_pad: usize) -> u64 {
+    m_pad as u64 * dense_bytes_per_left_row(dense.kp, dense.fast_kind, dense.n_pad) + 4
 }
 
 /// A left chunk on the device, as the kernels read it.

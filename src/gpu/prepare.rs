@@ -164,6 +164,32 @@ pub(crate) fn fast_kind(flags: u32, kp: usize) -> FastKind {
     }
 }
 
+/// 32-bit words per row of `dense_gemm`'s shared-memory tiles: 128 bytes of k, padded by 4
+/// words against bank conflicts.
+const DENSE_GEMM_LD: usize = 36;
+/// Shared memory of `dense_gemm`: two stages of DENSE_TILE_M + DENSE_TILE_N padded rows.
+pub(crate) const DENSE_GEMM_SMEM: u32 =
+    (2 * (DENSE_TILE_M + DENSE_TILE_N) * DENSE_GEMM_LD * 4) as u32;
+
+/// The dense product's constants as the kernels read them (kernels/knn.cu), so the two sides
+/// cannot drift.
+pub(crate) fn dense_defines() -> String {
+    format!(
+        "#define DG_BM {DENSE_TILE_M}\n#define DG_BN {DENSE_TILE_N}\n#define DG_LD {DENSE_GEMM_LD}\n\
+         #define DENSE_NOT_TF32 {DENSE_NOT_TF32}u\n#define DENSE_NOT_HALF {DENSE_NOT_HALF}u\n\
+         #define DENSE_NOT_INT8 {DENSE_NOT_INT8}u\n#define DENSE_FAST_HALF {}\n\
+         #define DENSE_FAST_INT8 {}\n",
+        FastKind::Half as i32,
+        FastKind::Int8 as i32,
+    )
+}
+
+/// Device bytes per left row of a launch's dense product: its row of A and of A's fast copy
+/// (`kp` columns), and its row of C (`n_pad` right rows).
+pub(crate) fn dense_bytes_per_left_row(kp: usize, fast: FastKind, n_pad: usize) -> u64 {
+    (kp * (4 + fast.bytes()) + n_pad * 4) as u64
+}
+
 /// The flags of one value (as `dense_flags` in kernels/knn.cu).
 pub(crate) fn dense_flags(v: f32) -> u32 {
     let mut f = if v.to_bits() & 0x1fff != 0 {

@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Settings of one GPU join.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
     /// Device memory the operator may use on each GPU, in bytes (None: most of the device's
     /// free memory).
@@ -12,16 +12,6 @@ pub struct GpuOptions {
     pub gpus: Option<Vec<usize>>,
     /// Right columns multiplied on the tensor cores (dot, cosine).
     pub dense_columns: crate::options::DenseColumnChoice,
-}
-
-impl Default for GpuOptions {
-    fn default() -> Self {
-        GpuOptions {
-            memory_limit: None,
-            gpus: None,
-            dense_columns: crate::options::DenseColumnChoice::Auto,
-        }
-    }
 }
 
 /// Counters an operator reports in EXPLAIN ANALYZE.
