@@ -20,6 +20,7 @@
 
 use super::folded::{accumulate, FoldedScratch, BLOCK};
 use super::index::CpuIndex;
+use super::vectors::multiversion;
 use crate::join::{within, PairList, Selection, TopK};
 use crate::metric::{
     disjoint_distance, one_sided_sum, share_a_column, sorted_nonzeros_into, union_distance,
@@ -33,52 +34,24 @@ pub(crate) struct CertifiedScratch {
     left: Vec<(i32, f32)>,
     /// The k smallest upper ends so far (their k-th is the cut).
     uppers: TopK,
+    /// Every right row's lower end, from the pass that finds the cut.
+    lowers: Vec<f64>,
     candidates: Vec<(f64, u32)>,
 }
 
-/// One left row against every right row, for a sum metric with an exact union term.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn certified_row<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    row: (&[i32], &[f32]),
-    left_row: u32,
-    skip: Option<usize>,
-    selection: Selection,
-    folded: &mut FoldedScratch,
-    ws: &mut CertifiedScratch,
-    out: &mut PairList,
-) {
-    // As the folded kernel: compiled for AVX2+FMA too, chosen at run time.
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has the features the function is compiled for (checked just above).
-            unsafe {
-                certified_row_avx2(s, index, row, left_row, skip, selection, folded, ws, out)
-            };
-            return;
-        }
-    }
-    certified_row_impl(s, index, row, left_row, skip, selection, folded, ws, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn certified_row_avx2<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    row: (&[i32], &[f32]),
-    left_row: u32,
-    skip: Option<usize>,
-    selection: Selection,
-    folded: &mut FoldedScratch,
-    ws: &mut CertifiedScratch,
-    out: &mut PairList,
-) {
-    certified_row_impl(s, index, row, left_row, skip, selection, folded, ws, out);
+multiversion! {
+    /// One left row against every right row, for a sum metric with an exact union term.
+    pub(crate) fn certified_row<S: Semiring>(
+        s: &S,
+        index: &CpuIndex,
+        row: (&[i32], &[f32]),
+        left_row: u32,
+        skip: Option<usize>,
+        selection: Selection,
+        folded: &mut FoldedScratch,
+        ws: &mut CertifiedScratch,
+        out: &mut PairList,
+    ) => certified_row_impl;
 }
 
 #[inline(always)]
@@ -127,11 +100,15 @@ fn certified_row_impl<S: Semiring>(
             // The k-th smallest upper end, block by block as the folded kernel selects: a block
             // none of whose upper ends is below the current k-th costs one vectorised pass.
             ws.uppers.reset(k);
+            // The lower ends are kept for the candidate pass (computing each bound twice was a
+            // tenth of a jensenshannon join).
+            ws.lowers.resize(n, 0.0);
             let mut block = [0.0f64; BLOCK];
             for start in (0..n).step_by(BLOCK) {
                 let block = &mut block[..BLOCK.min(n - start)];
-                for (i, u) in block.iter_mut().enumerate() {
-                    *u = bound(start + i).1;
+                let lowers = &mut ws.lowers[start..start + block.len()];
+                for (i, (u, l)) in block.iter_mut().zip(lowers).enumerate() {
+                    (*l, *u) = bound(start + i);
                 }
                 let cut = ws.uppers.filter_bound();
                 if block.iter().fold(false, |any, &u| any | (u < cut)) {
@@ -146,10 +123,7 @@ fn certified_row_impl<S: Semiring>(
             // of every row's lower end one at a time took an eighth of a jensenshannon join).
             let cut = ws.uppers.filter_bound();
             for start in (0..n).step_by(BLOCK) {
-                let block = &mut block[..BLOCK.min(n - start)];
-                for (i, l) in block.iter_mut().enumerate() {
-                    *l = bound(start + i).0;
-                }
+                let block = &ws.lowers[start..(start + BLOCK).min(n)];
                 if !block.iter().fold(false, |any, &l| any | (l <= cut)) {
                     continue;
                 }

@@ -8,10 +8,12 @@
 //!    function (see [`KeyForm`]), is compared block by block against the k-th row's so far; only
 //!    rows that beat it are finished (by the semiring's own `finish`) and offered to the heap.
 //!
-//! The kernel is compiled twice, for baseline x86-64 and for AVX2+FMA (chosen at run time), so the
-//! crate still runs on any x86-64 while the machines we run on get 256-bit vectors.
+//! The kernel is compiled for baseline x86-64, AVX2+FMA and AVX-512 (chosen at run time, see
+//! [`super::vectors`]), so the crate still runs on any x86-64 while the machines we run on get
+//! 256- or 512-bit vectors.
 
 use super::index::{CpuIndex, SPARSE};
+use super::vectors::multiversion;
 use crate::join::{within, PairList, Selection, TopK};
 use crate::metric::{KeyForm, RowTotals, Semiring};
 
@@ -43,44 +45,19 @@ impl FoldedScratch {
     }
 }
 
-/// One left row: its pairs are appended to `out` (nearest first for knn, by right row for radius).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn folded_row<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    row: (&[i32], &[f32]),
-    left_row: u32,
-    skip: Option<usize>,
-    selection: Selection,
-    ws: &mut FoldedScratch,
-    out: &mut PairList,
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the CPU has the features the function is compiled for (checked just above).
-            unsafe { folded_row_avx2(s, index, row, left_row, skip, selection, ws, out) };
-            return;
-        }
-    }
-    folded_row_impl(s, index, row, left_row, skip, selection, ws, out);
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn folded_row_avx2<S: Semiring>(
-    s: &S,
-    index: &CpuIndex,
-    row: (&[i32], &[f32]),
-    left_row: u32,
-    skip: Option<usize>,
-    selection: Selection,
-    ws: &mut FoldedScratch,
-    out: &mut PairList,
-) {
-    folded_row_impl(s, index, row, left_row, skip, selection, ws, out);
+multiversion! {
+    /// One left row: its pairs are appended to `out` (nearest first for knn, by right row for
+    /// radius).
+    pub(crate) fn folded_row<S: Semiring>(
+        s: &S,
+        index: &CpuIndex,
+        row: (&[i32], &[f32]),
+        left_row: u32,
+        skip: Option<usize>,
+        selection: Selection,
+        ws: &mut FoldedScratch,
+        out: &mut PairList,
+    ) => folded_row_impl;
 }
 
 #[inline(always)]
@@ -218,12 +195,29 @@ pub(crate) fn accumulate<S: Semiring>(
         add_dense::<S, 1>(s, [dense(slot)], [left(x)], acc0, acc1);
     }
 
+    // A coded list's pairs, one per distinct value (a code is a byte: no bounds check).
+    let mut coded0 = [0.0f64; 256];
+    let mut coded1 = [0.0f64; 256];
     for &(col, x) in &ws.sparse_hits {
         let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
         let rows = &index.col_rows[start..end];
         let vals = &index.col_vals[start..end];
         let lx = s.lift(x);
-        if S::LIFTED {
+        if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| S::LIFTED) {
+            for ((t0, t1), (&y, &ly)) in coded0
+                .iter_mut()
+                .zip(coded1.iter_mut())
+                .zip(distinct.iter().zip(lifts))
+            {
+                (*t0, *t1) = s.pair_lifted(x, lx, y, ly);
+            }
+            for (&j, &code) in rows.iter().zip(&index.col_codes[start..end]) {
+                acc0[j as usize] += coded0[code as usize];
+                if S::TWO_ACCUMULATORS {
+                    acc1[j as usize] += coded1[code as usize];
+                }
+            }
+        } else if S::LIFTED {
             // A lifted pair is costly (jensenshannon takes a log per pair): computed over a run
             // of postings first, a loop over contiguous values that vectorises, then scattered.
             // In one loop with the scatter it ran one pair at a time.

@@ -9,6 +9,8 @@
 
 use std::collections::HashMap;
 
+use super::vectors::Vectors;
+
 use crate::join::{Cancel, PairList, ProbeOptions, Selection};
 use crate::metric::{
     one_sided_sum, sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring,
@@ -34,6 +36,12 @@ const DENSE_MIN_ROWS: usize = 256;
 /// `dense_slot` of a column stored as postings.
 pub(crate) const SPARSE: u32 = u32::MAX;
 
+/// A lifted metric's posting list with at most this many distinct values, and at least
+/// `CODED_MIN_REUSE` postings per distinct value, is coded (see `CpuIndex::coded`): one byte per
+/// posting indexes a per-probe table of the left value's pairs with each distinct value.
+const CODED_MAX_DISTINCT: usize = 256;
+const CODED_MIN_REUSE: usize = 8;
+
 /// The probe of an index, compiled for the index's metric: the index keeps it behind this trait
 /// so that it needs no type parameter (implemented for every metric in `probe.rs`), and the loops inside are still monomorphised per metric.
 pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
@@ -44,6 +52,7 @@ pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
         selection: Selection,
         options: ProbeOptions,
         cancel: &Cancel,
+        vectors: Vectors,
     ) -> Vec<PairList>;
 }
 
@@ -93,6 +102,16 @@ pub struct CpuIndex {
     /// `dense_vals`, computed once here rather than once per pair. Empty otherwise.
     pub(crate) col_lifts: Vec<f64>,
     pub(crate) dense_lifts: Vec<f64>,
+    /// A lifted metric's posting lists that take few distinct values (ratings, small counts:
+    /// jensenshannon's `log(x + y)` would otherwise be taken once per posting of them): column id
+    /// → its range of `coded_vals`/`coded_lifts` (its distinct values and their lifts; empty for a
+    /// list not coded), and per posting of a coded list its value's place in that range. The
+    /// probe computes a left value's pair with each distinct value once (the same function of
+    /// the same operands: the same bits) and looks it up per posting.
+    pub(crate) coded: Vec<(u32, u32)>,
+    pub(crate) coded_vals: Vec<f32>,
+    pub(crate) coded_lifts: Vec<f64>,
+    pub(crate) col_codes: Vec<u8>,
     /// Metrics with an exact union term: where each right row starts in `row_cols`/`row_vals`
     /// (a max) or in `row_entries` (a sum).
     pub(crate) row_ptr: Vec<usize>,
@@ -173,6 +192,10 @@ impl CpuIndex {
             dense_vals: Vec::new(),
             col_lifts: Vec::new(),
             dense_lifts: Vec::new(),
+            coded: Vec::new(),
+            coded_vals: Vec::new(),
+            coded_lifts: Vec::new(),
+            col_codes: Vec::new(),
             row_ptr: Vec::new(),
             row_cols: Vec::new(),
             row_vals: Vec::new(),
@@ -192,6 +215,8 @@ impl CpuIndex {
         if S::LIFTED {
             index.col_lifts = index.col_vals.iter().map(|&v| s.lift(v)).collect();
             index.dense_lifts = index.dense_vals.iter().map(|&v| s.lift(v)).collect();
+            index.code_columns();
+            index.coded_lifts = index.coded_vals.iter().map(|&v| s.lift(v)).collect();
         }
         if max_reduction {
             index.build_rows_by_magnitude(right, nnz);
@@ -261,6 +286,55 @@ impl CpuIndex {
         self.col_ptr = counts;
     }
 
+    /// `coded`, `coded_vals`, `col_codes`: the posting lists of few distinct values.
+    fn code_columns(&mut self) {
+        self.coded = vec![(0, 0); self.column_count];
+        self.col_codes = vec![0; self.col_vals.len()];
+        let mut places: HashMap<u32, u8> = HashMap::new();
+        for col in 0..self.column_count {
+            let (start, end) = (self.col_ptr[col], self.col_ptr[col + 1]);
+            let most = CODED_MAX_DISTINCT.min((end - start) / CODED_MIN_REUSE);
+            if most == 0 {
+                continue;
+            }
+            places.clear();
+            let first = self.coded_vals.len();
+            let mut coded = true;
+            for p in start..end {
+                let v = self.col_vals[p];
+                let next = places.len();
+                let place = *places.entry(v.to_bits()).or_insert_with(|| {
+                    if next < most {
+                        self.coded_vals.push(v);
+                    }
+                    next as u8
+                });
+                if places.len() > most {
+                    coded = false;
+                    break;
+                }
+                self.col_codes[p] = place;
+            }
+            if coded {
+                self.coded[col] = (first as u32, self.coded_vals.len() as u32);
+            } else {
+                self.coded_vals.truncate(first);
+            }
+        }
+        if self.coded_vals.is_empty() {
+            self.coded = Vec::new();
+            self.col_codes = Vec::new();
+        }
+    }
+
+    /// The distinct values of column `col`'s postings and their lifts, if the list is coded.
+    #[inline(always)]
+    pub(crate) fn coded_column(&self, col: usize) -> Option<(&[f32], &[f64])> {
+        let &(start, end) = self.coded.get(col)?;
+        let range = start as usize..end as usize;
+        (end > start).then(|| (&self.coded_vals[range.clone()], &self.coded_lifts[range]))
+    }
+
     /// Right row `j`'s entries in `row_entries`.
     pub(crate) fn right_entries(&self, j: usize) -> &[(i32, f32)] {
         &self.row_entries[self.row_ptr[j]..self.row_ptr[j + 1]]
@@ -313,7 +387,14 @@ impl CpuIndex {
     pub fn memory_size(&self) -> usize {
         self.valid.len()
             + self.totals.len() * std::mem::size_of::<RowTotals>()
-            + (self.key_base.len() + self.col_lifts.len() + self.dense_lifts.len()) * 8
+            + (self.key_base.len()
+                + self.col_lifts.len()
+                + self.dense_lifts.len()
+                + self.coded_lifts.len()
+                + self.coded.len())
+                * 8
+            + self.col_codes.len()
+            + self.coded_vals.len() * 4
             + (self.col_ptr.len() + self.row_ptr.len()) * 8
             + (self.col_rows.len()
                 + self.col_vals.len()

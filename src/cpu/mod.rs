@@ -6,6 +6,7 @@ mod chebyshev;
 mod folded;
 mod index;
 mod probe;
+mod vectors;
 
 use std::time::Instant;
 
@@ -13,7 +14,8 @@ use datafusion::common::Result;
 
 pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use index::CpuIndex;
-pub use probe::{probe, probe_parts};
+pub use probe::{probe, probe_parts, probe_parts_with};
+pub use vectors::Vectors;
 
 use crate::join::{Backend, Cancel, JoinIndex, Probed};
 use crate::metric::Metric;
@@ -42,7 +44,9 @@ impl JoinIndex for CpuIndex {
         cancel: &Cancel,
     ) -> Result<Probed> {
         let started = Instant::now();
-        let parts = self.kernels.probe(self, left, selection, options, cancel);
+        let parts = self
+            .kernels
+            .probe(self, left, selection, options, cancel, Vectors::chosen());
         cancel.check()?;
         Ok(Probed {
             parts,

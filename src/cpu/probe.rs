@@ -11,6 +11,7 @@ use super::certified::{certified_row, CertifiedScratch};
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
+use super::vectors::Vectors;
 use crate::join::{within, Cancel, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{Reduction, Semiring};
 use crate::vector::SparseBatch;
@@ -30,8 +31,9 @@ impl<S: Semiring> CpuKernels for S {
         selection: Selection,
         options: ProbeOptions,
         cancel: &Cancel,
+        vectors: Vectors,
     ) -> Vec<PairList> {
-        probe_with(self, index, left, selection, options, cancel)
+        probe_with(self, index, left, selection, options, cancel, vectors)
     }
 }
 
@@ -54,9 +56,21 @@ pub fn probe_parts(
     selection: Selection,
     options: ProbeOptions,
 ) -> Vec<PairList> {
+    probe_parts_with(index, left, selection, options, Vectors::chosen())
+}
+
+/// [`probe_parts`] on the given vector instructions (at most those the CPU has): every width
+/// gives the same bits.
+pub fn probe_parts_with(
+    index: &CpuIndex,
+    left: &SparseBatch,
+    selection: Selection,
+    options: ProbeOptions,
+    vectors: Vectors,
+) -> Vec<PairList> {
     index
         .kernels
-        .probe(index, left, selection, options, &Cancel::new())
+        .probe(index, left, selection, options, &Cancel::new(), vectors)
 }
 
 fn probe_with<S: Semiring>(
@@ -66,6 +80,7 @@ fn probe_with<S: Semiring>(
     selection: Selection,
     options: ProbeOptions,
     cancel: &Cancel,
+    vectors: Vectors,
 ) -> Vec<PairList> {
     let rows = left.len();
     let chunks: Vec<PairList> = (0..rows.div_ceil(ROWS_PER_TASK))
@@ -88,6 +103,7 @@ fn probe_with<S: Semiring>(
                     let skip = options.excluded_right_row(row, index.rows);
                     if index.union_sum {
                         certified_row(
+                            vectors,
                             s,
                             index,
                             left.row(row),
@@ -100,6 +116,7 @@ fn probe_with<S: Semiring>(
                         );
                     } else {
                         probe_row(
+                            vectors,
                             s,
                             index,
                             left.row(row),
@@ -174,6 +191,7 @@ impl Workspace {
 
 #[allow(clippy::too_many_arguments)]
 fn probe_row<S: Semiring>(
+    vectors: Vectors,
     s: &S,
     index: &CpuIndex,
     row: (&[i32], &[f32]),
@@ -185,6 +203,7 @@ fn probe_row<S: Semiring>(
 ) {
     if S::REDUCTION == Reduction::Sum {
         folded_row(
+            vectors,
             s,
             index,
             row,

@@ -4,7 +4,7 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::{probe, CpuIndex, PairList, ProbeOptions, Selection};
+use super::{probe, probe_parts_with, CpuIndex, PairList, ProbeOptions, Selection, Vectors};
 use crate::metric::{Metric, MetricKind};
 use crate::vector::SparseBatch;
 
@@ -351,4 +351,84 @@ fn a_cancelled_probe_stops_early() {
         "{done} of {} rows probed after the cancellation",
         left.len()
     );
+}
+
+/// Rating-like rows (half stars, as on MovieLens): few distinct values per column, so a lifted
+/// metric's posting lists are coded. Column 0 is held by most rows (the dense layout).
+fn rating_rows(rng: &mut StdRng, n: usize) -> Vec<Row> {
+    (0..n)
+        .map(|_| {
+            let mut row = Vec::new();
+            for c in 0..DIM {
+                if rng.random_bool(if c == 0 { 0.9 } else { 12.0 / (c + 20) as f64 }) {
+                    row.push((c, rng.random_range(1..=10) as f32 * 0.5));
+                }
+            }
+            Some(row)
+        })
+        .collect()
+}
+
+#[test]
+fn coded_posting_lists_give_the_bits_of_plain_ones() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let right_rows = rating_rows(&mut rng, 800);
+    let left_rows = rating_rows(&mut rng, 40);
+    let (right, left) = (batch(&right_rows), batch(&left_rows));
+    for kind in [
+        MetricKind::KlDivergence,
+        MetricKind::JensenShannon,
+        MetricKind::Hellinger,
+    ] {
+        let metric = Metric::from_kind(kind, None, None).unwrap();
+        let coded = CpuIndex::build(&right, &metric);
+        let coded_lists = coded.coded.iter().filter(|(s, e)| e > s).count();
+        assert!(coded_lists >= 20, "{metric}: {coded_lists} coded lists");
+        let mut plain = CpuIndex::build(&right, &metric);
+        plain.coded.clear();
+        for selection in [Selection::Nearest(9), Selection::Within(f64::INFINITY)] {
+            let options = ProbeOptions::default();
+            assert_eq!(
+                probe(&coded, &left, selection, options),
+                probe(&plain, &left, selection, options),
+                "{metric}, {selection:?}"
+            );
+        }
+        check_knn(&metric, &left_rows, &right_rows, 9, false);
+    }
+}
+
+#[test]
+fn every_vector_width_gives_the_same_bits() {
+    let widths: Vec<Vectors> = [Vectors::Baseline, Vectors::Avx2, Vectors::Avx512]
+        .into_iter()
+        .filter(|&w| w <= Vectors::detected())
+        .collect();
+    assert!(
+        widths.len() >= 2,
+        "this test compares the baseline kernels with AVX2 or AVX-512 ones: the CPU has neither"
+    );
+    for metric in metrics() {
+        let mut rng = StdRng::seed_from_u64(23);
+        let nonnegative = metric.kind.needs_nonnegative();
+        let right = batch(&rows(&mut rng, 500, nonnegative));
+        let left = batch(&left_rows(&mut rng, nonnegative));
+        let index = CpuIndex::build(&right, &metric);
+        // Every pair (a radius nothing is outside) and the nearest.
+        let everything = if metric.kind.is_similarity() {
+            f64::NEG_INFINITY
+        } else {
+            f64::INFINITY
+        };
+        for selection in [Selection::Nearest(6), Selection::Within(everything)] {
+            let options = ProbeOptions::default();
+            let probe_on =
+                |w| PairList::concat(probe_parts_with(&index, &left, selection, options, w));
+            let want = probe_on(widths[0]);
+            assert!(!want.is_empty());
+            for &w in &widths[1..] {
+                assert_eq!(probe_on(w), want, "{metric}, {selection:?}, {w:?}");
+            }
+        }
+    }
 }
