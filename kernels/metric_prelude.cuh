@@ -1,7 +1,8 @@
 // The vocabulary of metric formulas, shared by every generated module: the CUDA twins of
 // src/metric/math.rs (same names, same meaning), so a formula written once in src/metric is both
-// Rust and CUDA C. fabs, sqrt, log, fmax and fmin are CUDA's own (double overloads); pow is CUDA's
-// behind the small-integer products of `metric_pow` (see `pow` in src/metric/math.rs).
+// Rust and CUDA C. fabs, sqrt, log, fmax and fmin are CUDA's own (double overloads), log_positive is
+// CUDA's log; pow is CUDA's behind the small-integer products of `metric_pow` (see `pow` in
+// src/metric/math.rs).
 //
 // A module is: this prelude, the kernel argument structs (generated from src/gpu/args.rs), one
 // metric's `MetricDef` (generated from src/metric by src/metric/cuda.rs), then knn.cu.
@@ -24,6 +25,8 @@ struct Totals {
 #define SQRT_2 1.4142135623730951
 
 __device__ __forceinline__ double select(bool c, double a, double b) { return c ? a : b; }
+// See `log_positive` in src/metric/math.rs: CUDA's `log` has no checks to skip.
+__device__ __forceinline__ double log_positive(double x) { return log(x); }
 __device__ __forceinline__ double clamp(double x, double lo, double hi) { return fmin(fmax(x, lo), hi); }
 // See `folded` in src/metric/math.rs.
 __device__ __forceinline__ double folded(double sum, double scale) {

@@ -286,34 +286,48 @@ impl CpuIndex {
         self.col_ptr = counts;
     }
 
-    /// `coded`, `coded_vals`, `col_codes`: the posting lists of few distinct values.
+    /// `coded`, `coded_vals`, `col_codes`: the posting lists of few distinct values. Each list's
+    /// distinct values are found through a small open-addressing table of value bits (a
+    /// `HashMap` per posting made the build of kl_divergence a tenth slower).
     fn code_columns(&mut self) {
+        const SLOTS: usize = 4 * CODED_MAX_DISTINCT;
         self.coded = vec![(0, 0); self.column_count];
         self.col_codes = vec![0; self.col_vals.len()];
-        let mut places: HashMap<u32, u8> = HashMap::new();
+        // (value bits, place, the column that wrote it): a slot of another column is empty.
+        let mut table = vec![(0u32, 0u8, u32::MAX); SLOTS];
         for col in 0..self.column_count {
             let (start, end) = (self.col_ptr[col], self.col_ptr[col + 1]);
             let most = CODED_MAX_DISTINCT.min((end - start) / CODED_MIN_REUSE);
             if most == 0 {
                 continue;
             }
-            places.clear();
             let first = self.coded_vals.len();
             let mut coded = true;
             for p in start..end {
-                let v = self.col_vals[p];
-                let next = places.len();
-                let place = *places.entry(v.to_bits()).or_insert_with(|| {
-                    if next < most {
-                        self.coded_vals.push(v);
+                let bits = self.col_vals[p].to_bits();
+                let mut slot = (bits.wrapping_mul(0x9e37_79b1) >> 22) as usize % SLOTS;
+                loop {
+                    let (b, place, owner) = table[slot];
+                    if owner != col as u32 {
+                        let place = self.coded_vals.len() - first;
+                        if place == most {
+                            coded = false;
+                            break;
+                        }
+                        self.coded_vals.push(self.col_vals[p]);
+                        table[slot] = (bits, place as u8, col as u32);
+                        self.col_codes[p] = place as u8;
+                        break;
                     }
-                    next as u8
-                });
-                if places.len() > most {
-                    coded = false;
+                    if b == bits {
+                        self.col_codes[p] = place;
+                        break;
+                    }
+                    slot = (slot + 1) % SLOTS;
+                }
+                if !coded {
                     break;
                 }
-                self.col_codes[p] = place;
             }
             if coded {
                 self.coded[col] = (first as u32, self.coded_vals.len() as u32);

@@ -238,7 +238,8 @@ semiring! {
     total(x, prm) = [x * LN_2, 0.0];
     lift(v, prm) = log(v) => (lx, ly);
     pair(x, y, prm) = {
-        let lm = log(0.5 * (x + y));
+        // x, y > 0 (zeros are not stored; the dense pass drops the lanes where y = 0).
+        let lm = log_positive(0.5 * (x + y));
         [x * (lx - lm) + y * (ly - lm) - (x + y) * LN_2, 0.0]
     };
     finish(acc0, acc1, l, r, prm) = {
