@@ -90,6 +90,8 @@ macro_rules! multiversion {
                     $crate::cpu::vectors::Vectors::Baseline => {}
                 }
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = vectors;
             $body($($arg),*)
         }
     };
