@@ -14,8 +14,10 @@ use datafusion::common::Result;
 
 pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use index::CpuIndex;
-pub use probe::{probe, probe_parts, probe_parts_with};
-pub use vectors::Vectors;
+#[cfg(test)]
+use probe::probe_parts_with;
+pub use probe::{probe, probe_parts};
+use vectors::Vectors;
 
 use crate::join::{Backend, Cancel, JoinIndex, Probed};
 use crate::metric::Metric;

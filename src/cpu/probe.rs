@@ -61,7 +61,7 @@ pub fn probe_parts(
 
 /// [`probe_parts`] on the given vector instructions (at most those the CPU has): every width
 /// gives the same bits.
-pub fn probe_parts_with(
+pub(crate) fn probe_parts_with(
     index: &CpuIndex,
     left: &SparseBatch,
     selection: Selection,

@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 /// An instruction set the kernels are compiled for, narrowest first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Vectors {
+pub(crate) enum Vectors {
     Baseline,
     /// AVX2 and FMA (256-bit vectors).
     Avx2,
@@ -22,19 +22,24 @@ pub enum Vectors {
 
 impl Vectors {
     /// The widest this CPU runs, capped by `SPARSE_KNN_CPU_VECTORS`; chosen once.
-    pub fn chosen() -> Vectors {
+    pub(crate) fn chosen() -> Vectors {
         static CHOSEN: OnceLock<Vectors> = OnceLock::new();
         *CHOSEN.get_or_init(|| {
-            let cap = std::env::var("SPARSE_KNN_CPU_VECTORS")
-                .ok()
-                .and_then(|v| Vectors::parse(&v))
-                .unwrap_or(Vectors::Avx512);
+            let cap = match std::env::var("SPARSE_KNN_CPU_VECTORS") {
+                Ok(name) => Vectors::parse(&name).unwrap_or_else(|| {
+                    log::warn!(
+                        "SPARSE_KNN_CPU_VECTORS={name:?} is none of baseline, avx2, avx512: ignored"
+                    );
+                    Vectors::Avx512
+                }),
+                Err(_) => Vectors::Avx512,
+            };
             Vectors::detected().min(cap)
         })
     }
 
     /// The widest this CPU has.
-    pub fn detected() -> Vectors {
+    pub(crate) fn detected() -> Vectors {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
