@@ -149,10 +149,29 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
         Ok::<_, CliError>(pairs)
     }
     .await;
+    // Asked before the GPUs are closed below (asking opens one).
+    let device = match options.device {
+        DeviceChoice::Auto if crate::gpu::is_available() => "gpu",
+        DeviceChoice::Auto | DeviceChoice::Cpu => "cpu",
+        DeviceChoice::Gpu => "gpu",
+    };
     let pairs = match written {
         Ok(pairs) => {
             log::debug!("knn: the last pairs are written");
-            output.commit().await?;
+            // The join (and its index) is gone: the driver's teardown of the contexts runs
+            // beside the output's last row groups instead of after them, at the exit.
+            let closing = (device == "gpu").then(|| {
+                std::thread::spawn(|| {
+                    let started = std::time::Instant::now();
+                    let closed = crate::gpu::close_unused();
+                    log::debug!("knn: {closed} GPU(s) closed in {:?}", started.elapsed());
+                })
+            });
+            let committed = output.commit().await;
+            if let Some(closing) = closing {
+                let _ = closing.join();
+            }
+            committed?;
             log::debug!("knn: the output is committed");
             pairs
         }
@@ -163,11 +182,6 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     };
     bar.finish_and_clear();
     let secs = start.elapsed().as_secs_f64();
-    let device = match options.device {
-        DeviceChoice::Auto if crate::gpu::is_available() => "gpu",
-        DeviceChoice::Auto | DeviceChoice::Cpu => "cpu",
-        DeviceChoice::Gpu => "gpu",
-    };
     eprintln!(
         "knn: {left_rows} left rows x {right_rows} right rows, {pairs} pairs, {secs:.2} s, {:.0} rows/s, device {device}, {} k={} -> {output_at}",
         left_rows as f64 / secs.max(1e-9),

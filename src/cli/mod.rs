@@ -156,9 +156,18 @@ pub fn main() -> ExitCode {
         }
     });
     // The timeline of a run (RUST_LOG=datafusion_sparse_knn=debug) ends here: what follows is
-    // the teardown (0.13-0.15 s after a GPU join on an H200, most of it the process's exit: an
-    // `_exit` past the runtime's shutdown saved ~0.02 s of it and was not kept).
-    log::debug!("sparse-knn: the command returned");
+    // the teardown (0.13-0.15 s after a GPU join on an H200 or H100, most of it the process's
+    // exit: an `_exit` past the runtime's shutdown saved ~0.02 s of it and was not kept; `knn`
+    // destroys its GPU contexts beside its output's last writes, which leaves ~0.09 s).
+    if log::log_enabled!(log::Level::Debug) {
+        // The exit unmaps what is still resident: part of the teardown that follows.
+        let resident = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .map(|pages| format!(" ({} MiB resident)", (pages * 4096) >> 20))
+            .unwrap_or_default();
+        log::debug!("sparse-knn: the command returned{resident}");
+    }
     drop(runtime);
     log::debug!("sparse-knn: the runtime is shut down");
     match result {

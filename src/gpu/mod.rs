@@ -43,6 +43,12 @@ pub fn is_available() -> bool {
     device::device(0).is_ok()
 }
 
+/// Closes the GPUs that no query uses any more, destroying their contexts now rather than at
+/// the process's exit; returns how many it closed (see [`device::close_unused`]).
+pub fn close_unused() -> usize {
+    device::close_unused()
+}
+
 /// Whether a CUDA driver library can be loaded (without initialising it).
 pub fn has_driver() -> bool {
     // SAFETY: only tries to dlopen the candidate library names.
@@ -274,6 +280,14 @@ impl GpuBackend {
                 };
                 log::debug!("GPU: driver ready in {:?}", started.elapsed());
                 std::thread::scope(|scope| {
+                    for &ordinal in &ordinals {
+                        let program = &program;
+                        scope.spawn(move || {
+                            if let Err(e) = device::compile_ahead(ordinal, program) {
+                                log::debug!("GPU {ordinal}: no compile ahead: {e}");
+                            }
+                        });
+                    }
                     for ordinal in ordinals {
                         let program = &program;
                         scope.spawn(move || {
