@@ -482,6 +482,59 @@ fn concurrent_probes_share_one_index() {
     }
 }
 
+/// `gpu::close_unused` (what `knn` calls while its output is written) leaves a device that an
+/// index still holds open, closes it once nothing does, and the next build opens it again (a new
+/// context, the module loaded again) with the same answers as the CPU.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn closed_gpus_reopen_for_the_next_join() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(19);
+    let right = batch(&random_rows(&mut rng, 1500, DIM, 120, &[]));
+    let left = batch(&random_rows(&mut rng, 200, DIM, 120, &[]));
+    let m = metric(MetricKind::Cosine, DIM);
+    let expected = cpu::probe(
+        &CpuIndex::build(&right, &m),
+        &left,
+        Selection::Nearest(7),
+        ProbeOptions::default(),
+    );
+    let index = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
+    let before = gpu::close_unused();
+    let got = index
+        .probe(&left, Selection::Nearest(7), ProbeOptions::default())
+        .unwrap();
+    compare(
+        "cosine, index held across close_unused",
+        &m,
+        &left,
+        &right,
+        &expected,
+        &got,
+    );
+    drop(index);
+    let closed = gpu::close_unused();
+    assert!(
+        closed >= 1,
+        "no device closed once the index was dropped (closed {before} while it was held)"
+    );
+    assert_eq!(gpu::close_unused(), 0, "a closed device was closed again");
+    let reopened = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
+    let got = reopened
+        .probe(&left, Selection::Nearest(7), ProbeOptions::default())
+        .unwrap();
+    compare(
+        "cosine, after the device was reopened",
+        &m,
+        &left,
+        &right,
+        &expected,
+        &got,
+    );
+}
+
 /// A cancelled probe stops between launches: set before the probe, no row is probed; set once
 /// the first launch is done, the rest of the left side is never launched.
 #[test]

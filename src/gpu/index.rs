@@ -435,11 +435,15 @@ impl GpuIndex {
         // Builds on one device take turns from here to the upload, so each one's budget is read
         // after the indexes built before it hold their memory: the driver's free memory is the
         // process's one ledger (probes take turns too, so their scratch never overlaps).
+        let entered = std::time::Instant::now();
         let build_turn = lock_device(&device)?;
         let (free, _) = device.memory()?;
+        let waited = entered.elapsed();
         // Leave room for the context and other users of the device when no limit is given.
         let budget = options.memory_limit.unwrap_or(free / 10 * 8);
+        let started = std::time::Instant::now();
         let layout = Layout::of(&device, right, s, budget, options);
+        let laid_out = started.elapsed();
         let started = std::time::Instant::now();
         let (exact, host_parts) = layout.prepare_with_exact(right, s);
         let prepared = started.elapsed();
@@ -460,7 +464,7 @@ impl GpuIndex {
         uploaded.host_parts = (host_parts.len() > 1).then_some(host_parts);
         drop(build_turn);
         log::debug!(
-            "GPU index: {} rows, {parts} parts, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
+            "GPU index: {} rows, {parts} parts, the device's turn after {waited:?}, laid out in {laid_out:?}, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",
             right.len(),
             started.elapsed() - prepared,
             stats.bytes_to_device

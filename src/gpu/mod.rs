@@ -185,7 +185,12 @@ impl Backend for GpuBackend {
                 .map(|(g, &ordinal)| {
                     let (chunks, owner, options) = (&chunks, &owner, &options);
                     scope.spawn(move || {
+                        let opening = std::time::Instant::now();
                         let device = device::device(ordinal)?;
+                        log::debug!(
+                            "GPU {ordinal}: open for the build after {:?}",
+                            opening.elapsed()
+                        );
                         (0..chunks.len())
                             .filter(|&i| owner[i] == g)
                             .map(|i| {
