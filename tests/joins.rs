@@ -995,3 +995,181 @@ async fn results_of_many_parts_keep_left_order_ranks_and_pairs() {
         }
     }
 }
+
+/// A Parquet file `(id, v)` of `rows` in row groups of `group_rows`, and a second file holding
+/// its first row; the files live as long as the returned folder.
+fn parquet_pair(
+    rows: &[Option<Vec<(i32, f32)>>],
+    group_rows: usize,
+) -> (tempfile::TempDir, String, String) {
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::properties::WriterProperties;
+
+    let vectors = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("v", datafusion_sparse_knn::sparse_vector_type(), true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from_iter_values(0..rows.len() as i64)),
+            Arc::new(vectors.to_array()),
+        ],
+    )
+    .unwrap();
+    let props = WriterProperties::builder()
+        .set_max_row_group_row_count(Some(group_rows))
+        .build();
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, batch: &RecordBatch| {
+        let path = dir.path().join(name);
+        let file = std::fs::File::create(&path).unwrap();
+        let mut writer = ArrowWriter::try_new(file, batch.schema(), Some(props.clone())).unwrap();
+        writer.write(batch).unwrap();
+        writer.close().unwrap();
+        path.display().to_string()
+    };
+    let all = write("all.parquet", &batch);
+    let first = write("first.parquet", &batch.slice(0, 1));
+    (dir, all, first)
+}
+
+/// Lets the optimizer split these tests' small files into byte ranges, as it splits files of a
+/// MB or more holding more than a batch of rows.
+async fn split_small_files(ctx: &SessionContext) {
+    query(
+        ctx,
+        "SET datafusion.optimizer.repartition_file_min_size = 0",
+    )
+    .await;
+    query(ctx, "SET datafusion.execution.batch_size = 256").await;
+}
+
+/// Ties go to the right side's first rows in file order when the right side is one Parquet file
+/// of many row groups, which the optimizer splits into byte ranges (one per partition). The
+/// ranges used to be merged back by a `CoalescePartitionsExec` in the order they arrived, and
+/// DataFusion's file-scan work stealing let a partition read another's row groups: a query that
+/// ties with every row got rows of a later row group when the first one was slow to decode. The
+/// plan now gathers the ranges in order, and the right side is read with stealing off (see
+/// `a_scan_read_in_file_order_keeps_each_partition_to_its_own_ranges` for that part).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ties_follow_the_file_order_of_a_parquet_input_split_into_ranges() {
+    // Row 0's vector {0: 1} has dot 1 with every row: all 6000 tie. The first row group's rows
+    // are long.
+    let rows: Vec<Option<Vec<(i32, f32)>>> = (0..6000)
+        .map(|r| {
+            let len = if r < 500 { 400 } else { 1 };
+            Some((0..len).map(|c| (c, 1.0)).collect())
+        })
+        .collect();
+    let (_dir, all, first) = parquet_pair(&rows, 500);
+    for partitions in [2, 4, 8] {
+        let ctx = datafusion_sparse_knn::session_context();
+        query(
+            &ctx,
+            &format!("SET datafusion.execution.target_partitions = {partitions}"),
+        )
+        .await;
+        split_small_files(&ctx).await;
+        ctx.register_parquet("t", &all, Default::default())
+            .await
+            .unwrap();
+        ctx.register_parquet("q", &first, Default::default())
+            .await
+            .unwrap();
+        let plan = query(
+            &ctx,
+            "EXPLAIN SELECT neighbor_id FROM knn_join(q, t, 'dot', 5, 'device=cpu')",
+        )
+        .await;
+        let plan = arrow::util::pretty::pretty_format_batches(&plan)
+            .unwrap()
+            .to_string();
+        assert!(
+            plan.contains(&format!("GatherExec: {partitions} partitions in order"))
+                && !plan.contains("CoalescePartitionsExec"),
+            "{partitions} partitions: the right side is not gathered in order:\n{plan}"
+        );
+        let cases: [(&str, Vec<i64>); 3] = [
+            (
+                "SELECT neighbor_id FROM knn_join(q, t, 'dot', 5, 'device=cpu')",
+                vec![0, 1, 2, 3, 4],
+            ),
+            (
+                "SELECT neighbor_id FROM knn_join(t, t, 'dot', 3, 'device=cpu, exclude_self=true') \
+                 WHERE query_id = 0",
+                vec![1, 2, 3],
+            ),
+            (
+                "SELECT neighbor_id FROM knn_join(t, t, 'dot', 3, 'device=cpu, exclude_self=true') \
+                 WHERE query_id = 700",
+                vec![0, 1, 2],
+            ),
+        ];
+        for (sql, want) in cases {
+            let got: Vec<i64> = query(&ctx, &format!("{sql} ORDER BY rank"))
+                .await
+                .iter()
+                .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+                .collect();
+            assert_eq!(got, want, "{partitions} partitions: {sql}");
+        }
+    }
+}
+
+/// A scan's partitions read under `planner::in_file_order` give the file's rows in order when
+/// taken one after another, whichever partition is read first. Without it (DataFusion's default
+/// file-scan work stealing) the last partition, read first to its end, also takes the ranges its
+/// siblings had not opened yet, and the partitions in order no longer give the file's order.
+#[tokio::test]
+async fn a_scan_read_in_file_order_keeps_each_partition_to_its_own_ranges() {
+    use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+    use futures::TryStreamExt;
+
+    let rows: Vec<Option<Vec<(i32, f32)>>> = (0..4000).map(|r| Some(vec![(r % 7, 1.0)])).collect();
+    let (_dir, all, _) = parquet_pair(&rows, 500);
+    let ctx = datafusion_sparse_knn::session_context();
+    query(&ctx, "SET datafusion.execution.target_partitions = 4").await;
+    split_small_files(&ctx).await;
+    ctx.register_parquet("t", &all, Default::default())
+        .await
+        .unwrap();
+    fn scan(plan: &Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
+        if plan.name() == "DataSourceExec" {
+            return Arc::clone(plan);
+        }
+        scan(plan.children()[0])
+    }
+    let plan = ctx
+        .sql("SELECT id FROM t")
+        .await
+        .unwrap()
+        .create_physical_plan()
+        .await
+        .unwrap();
+    let scan = scan(&plan);
+    let partitions = scan.output_partitioning().partition_count();
+    assert_eq!(partitions, 4, "the file was not split into ranges");
+    let context = planner::in_file_order(&ctx.task_ctx());
+    let mut read = vec![Vec::new(); partitions];
+    for p in (0..partitions).rev() {
+        let batches: Vec<RecordBatch> = scan
+            .execute(p, Arc::clone(&context))
+            .unwrap()
+            .try_collect()
+            .await
+            .unwrap();
+        read[p] = batches
+            .iter()
+            .flat_map(|b| b.column(0).as_primitive::<Int64Type>().values().to_vec())
+            .collect();
+    }
+    assert!(
+        read.iter().all(|ids| !ids.is_empty()),
+        "a partition read nothing: {:?}",
+        read.iter().map(Vec::len).collect::<Vec<_>>()
+    );
+    let in_order: Vec<i64> = read.concat();
+    assert_eq!(in_order, (0..4000).collect::<Vec<i64>>());
+}

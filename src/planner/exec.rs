@@ -709,7 +709,10 @@ impl BuildJob {
             MemoryConsumer::new(format!("{}[build side]", self.name))
                 .register(self.context.memory_pool()),
         );
-        let partitions = self.right.output_partitioning().partition_count();
+        // The gathered input's own partitions, read side by side below and kept in order.
+        let source = Arc::clone(super::shard::gathered(&self.right));
+        let partitions = source.output_partitioning().partition_count();
+        let in_order = super::shard::in_file_order(&self.context);
         let started = Instant::now();
         // The driver starts, the GPUs open their contexts and the metric's kernels compile
         // while the right side is read (0.3-0.6 s on the H200s measured, which used to come
@@ -728,7 +731,7 @@ impl BuildJob {
         // defines exclude_self's row positions.
         let reading: Vec<BoxFuture<'static, Result<ReadPartition>>> = (0..partitions)
             .map(|p| {
-                let stream = self.right.execute(p, Arc::clone(&self.context));
+                let stream = source.execute(p, Arc::clone(&in_order));
                 let reservation = Arc::clone(&reservation);
                 let check = self.spec.vector_check(&vector_name);
                 let vector = self.layout.right_vector;

@@ -37,8 +37,8 @@ pub use dataframe::{knn_join, radius_join};
 pub use exec::{poll_inputs_in_place, SparseJoinExec};
 pub use logical::SparseJoinNode;
 pub use shard::{
-    gather, plan_sharded, GatherExec, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec,
-    ROW_ID,
+    gather, in_file_order, plan_sharded, GatherExec, PartitionExec, ShardExec, ShardMergeExec,
+    ShardedJoinExec, ROW_ID,
 };
 pub use spec::{
     find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,

@@ -99,13 +99,55 @@ fn append_ids(schema: &SchemaRef, batch: &RecordBatch, ids: UInt64Array) -> Resu
     Ok(RecordBatch::try_new(Arc::clone(schema), columns)?)
 }
 
-/// `plan` as one partition: its partitions read one after the other, in order (which keeps the
-/// row order that ties and `exclude_self` count on, unlike `CoalescePartitionsExec`).
+/// `plan` as one partition: its partitions read in order (which keeps the row order that ties
+/// and `exclude_self` count on, unlike `CoalescePartitionsExec`). Also over one partition: the
+/// optimizer splits a one-file scan into byte ranges, and below an operator that asks for one
+/// partition it then merged them back with a `CoalescePartitionsExec`, in the order they arrived
+/// (a tie went to a row of a later row group).
 pub fn gather(plan: Arc<dyn ExecutionPlan>) -> Arc<dyn ExecutionPlan> {
-    if plan.output_partitioning().partition_count() == 1 {
+    if plan.downcast_ref::<GatherExec>().is_some() {
         plan
     } else {
         Arc::new(GatherExec::new(plan))
+    }
+}
+
+/// `context` with DataFusion's file-scan work stealing off, for reading an input whose row order
+/// counts: with it on (DataFusion's default) an idle partition of a scan takes files or byte
+/// ranges from its siblings, so its partitions read one after another no longer give the file's
+/// rows in order (a tie went to a row of a later row group).
+pub fn in_file_order(context: &Arc<TaskContext>) -> Arc<TaskContext> {
+    if !context
+        .session_config()
+        .options()
+        .execution
+        .enable_file_stream_work_stealing
+    {
+        return Arc::clone(context);
+    }
+    let mut config = context.session_config().clone();
+    config
+        .options_mut()
+        .execution
+        .enable_file_stream_work_stealing = false;
+    Arc::new(TaskContext::new(
+        context.task_id(),
+        context.session_id(),
+        config,
+        context.scalar_functions().clone(),
+        context.higher_order_functions().clone(),
+        context.aggregate_functions().clone(),
+        context.window_functions().clone(),
+        context.runtime_env(),
+    ))
+}
+
+/// What `plan` gathers (its partitions, in order, make up its rows), or `plan` itself: an
+/// operator that reads a whole input reads these partitions side by side and keeps their order.
+pub fn gathered(plan: &Arc<dyn ExecutionPlan>) -> &Arc<dyn ExecutionPlan> {
+    match plan.downcast_ref::<GatherExec>() {
+        Some(gather) => &gather.input,
+        None => plan,
     }
 }
 
@@ -166,6 +208,7 @@ impl ExecutionPlan for GatherExec {
             return internal_err!("GatherExec has one partition, asked for {partition}");
         }
         let input = Arc::clone(&self.input);
+        let context = in_file_order(&context);
         let stream = futures::stream::iter(0..input.output_partitioning().partition_count())
             .map(move |p| input.execute(p, Arc::clone(&context)))
             .try_flatten();
