@@ -128,6 +128,7 @@ impl Layout {
         budget: u64,
         options: &GpuOptions,
     ) -> Self {
+        let started = std::time::Instant::now();
         let program = MetricProgram::of(s);
         let rows = right.len();
         // Column ids: the indices themselves when the index space is not much larger than the
@@ -147,11 +148,23 @@ impl Layout {
             ids.dedup();
             ColumnMap::Sorted(ids)
         };
+        log::debug!(
+            "GPU index: program and column map in {:?}",
+            started.elapsed()
+        );
         let tile_rows = tile_rows(device, &program);
         // Dense columns take at most a fifth of the budget (each probe's product needs room
         // too); none when the right side is streamed in parts anyway.
+        let choosing = std::time::Instant::now();
         let dense = (program.bilinear && device.tensor_cores)
-            .then(|| choose_dense_columns(right, &columns, options.dense_columns, budget / 5))
+            .then(|| {
+                let d = choose_dense_columns(right, &columns, options.dense_columns, budget / 5);
+                log::debug!(
+                    "GPU index: dense columns chosen in {:?}",
+                    choosing.elapsed()
+                );
+                d
+            })
             .flatten()
             .filter(|d| {
                 estimate_bytes(right, 0, rows, &program, &columns, tile_rows, Some(d))
