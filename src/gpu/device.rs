@@ -129,14 +129,14 @@ struct DeviceSlot {
     checked_at_fault: u64,
 }
 
+/// Every device's slot, made on the first [`device`] call.
+static DEVICES: OnceLock<Vec<Mutex<DeviceSlot>>> = OnceLock::new();
+
 /// The device with this ordinal, its context created on first use. When an earlier query left it
 /// broken (a sticky error: see [`FAULTS`]) and nothing uses it any more, its primary context is
 /// reset and opened again; where the driver refuses that (it documents a kernel fault as fatal
 /// to the process: the H200's driver keeps answering ILLEGAL_ADDRESS after the reset), the device
 /// is refused from then on with a reason, and `device=auto` runs on the CPU.
-/// Every device's slot, made on the first [`device`] call.
-static DEVICES: OnceLock<Vec<Mutex<DeviceSlot>>> = OnceLock::new();
-
 pub(crate) fn device(ordinal: usize) -> Result<Arc<Device>> {
     let count = device_count()?;
     if ordinal >= count {

@@ -269,11 +269,14 @@ pub(crate) fn choose_dense_columns(
     let (first, last) = (offsets[0] as usize, offsets[rows] as usize);
     let (all_idx, all_val) = (&right.indices()[first..last], &right.values()[first..last]);
     let entries = last - first;
+    let chunk = |ch: usize| {
+        let range = entries * ch / nchunks..entries * (ch + 1) / nchunks;
+        (&all_idx[range.clone()], &all_val[range])
+    };
     let per_chunk: Vec<(Vec<u32>, Vec<u32>, u32)> = (0..nchunks)
         .into_par_iter()
         .map(|ch| {
-            let range = entries * ch / nchunks..entries * (ch + 1) / nchunks;
-            let (idx, val) = (&all_idx[range.clone()], &all_val[range]);
+            let (idx, val) = chunk(ch);
             let mut counts = vec![0u32; ncols];
             for (&c, &v) in idx.iter().zip(val) {
                 let id = columns.get(c).expect("a column of the right side");
@@ -300,10 +303,10 @@ pub(crate) fn choose_dense_columns(
         .par_chunks_mut(1 << 14)
         .enumerate()
         .for_each(|(block, sums)| {
-            let first = block << 14;
+            let start = block << 14;
             let len = sums.len();
             for (c, _, _) in &per_chunk {
-                for (sum, &n) in sums.iter_mut().zip(&c[first..first + len]) {
+                for (sum, &n) in sums.iter_mut().zip(&c[start..start + len]) {
                     *sum += n as u64;
                 }
             }
@@ -322,17 +325,15 @@ pub(crate) fn choose_dense_columns(
         (0..nchunks)
             .into_par_iter()
             .map(|ch| {
-                let mut flags = 0u32;
-                for r in rows * ch / nchunks..rows * (ch + 1) / nchunks {
-                    let (idx, val) = right.row(r);
-                    for (&c, &v) in idx.iter().zip(val) {
-                        let id = columns.get(c).expect("a column of the right side") as usize;
-                        if v != 0.0 && keep[id] {
-                            flags |= dense_flags(v);
-                        }
+                let (idx, val) = chunk(ch);
+                idx.iter().zip(val).fold(0u32, |flags, (&c, &v)| {
+                    let id = columns.get(c).expect("a column of the right side") as usize;
+                    if v != 0.0 && keep[id] {
+                        flags | dense_flags(v)
+                    } else {
+                        flags
                     }
-                }
-                flags
+                })
             })
             .reduce(|| 0, |a, b| a | b)
     };
