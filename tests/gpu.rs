@@ -597,7 +597,8 @@ fn a_cancelled_probe_stops_between_launches() {
 
 /// Every visible GPU through the backend's own build: the right side (given in three pieces)
 /// whole on each GPU, and, under a memory limit that keeps it from staying on one, sharded over
-/// them; both agree with the CPU, and each GPU's kernel time is reported. On a one-GPU machine
+/// them; both agree with the CPU, and each GPU's kernel time is reported (whole on each, over
+/// as many probes as there are GPUs). On a one-GPU machine
 /// both run on that GPU.
 #[test]
 #[ignore = "needs a CUDA GPU"]
@@ -653,7 +654,17 @@ fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
                 &PairList::concat(g.parts.clone()),
             );
             let mut used: Vec<usize> = g.gpu_times.iter().map(|(o, _)| *o).collect();
+            // Whole on each GPU, a probe this small goes whole to one GPU, the next to the next.
+            for _ in 1..gpus {
+                let again = index.probe(&left, sel, po).unwrap();
+                assert_eq!(
+                    PairList::concat(again.parts),
+                    PairList::concat(g.parts.clone())
+                );
+                used.extend(again.gpu_times.iter().map(|(o, _)| *o));
+            }
             used.sort_unstable();
+            used.dedup();
             assert_eq!(used, (0..gpus).collect::<Vec<_>>(), "{label}");
             // Whole on each GPU: one index a GPU; sharded: the right side cut over the GPUs.
             if gpus > 1 && memory_limit.is_some() {
@@ -666,8 +677,8 @@ fn every_gpu_of_the_host_matches_cpu_replicated_and_sharded() {
 }
 
 /// The right side whole on each of several GPUs, with the one GPU of a small machine named
-/// several times: prepared once, uploaded to each, a probe's left rows split between them; the
-/// pairs are those of one index, and every replica worked.
+/// several times: prepared once, uploaded to each, a probe's left rows split between them, or
+/// probes at once each whole on one; the pairs are those of one index.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn replicas_split_the_left_rows_and_match_one_index() {
@@ -686,7 +697,7 @@ fn replicas_split_the_left_rows_and_match_one_index() {
         let m = metric(kind, DIM);
         let single = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
         let replicated = GpuBackend::default()
-            .replicated_for_tests(&[0, 0, 0], &right, &m)
+            .replicated_for_tests(&[0, 0, 0], &right, &m, 64)
             .unwrap();
         // Each replica uploads what one index does (read before any probe adds to it).
         assert_eq!(
@@ -710,6 +721,34 @@ fn replicas_split_the_left_rows_and_match_one_index() {
             );
             assert_eq!(got_pairs.len(), want.len(), "{kind} {sel:?}");
             assert!(got.bytes_to_device > 0);
+            // Four probes at once: the first cut between the idle replicas, the others whole
+            // on the least loaded.
+            let pieces: Vec<SparseBatch> = (0..4).map(|i| left.slice(i * 400, 500)).collect();
+            let at_once: Vec<PairList> = std::thread::scope(|scope| {
+                let handles: Vec<_> = pieces
+                    .iter()
+                    .enumerate()
+                    .map(|(i, piece)| {
+                        let replicated = &replicated;
+                        scope.spawn(move || {
+                            let po = ProbeOptions {
+                                exclude_self_from: Some(100 + 400 * i as i64),
+                            };
+                            PairList::concat(replicated.probe(piece, sel, po).unwrap().parts)
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (i, (piece, got)) in pieces.iter().zip(&at_once).enumerate() {
+                let po = ProbeOptions {
+                    exclude_self_from: Some(100 + 400 * i as i64),
+                };
+                let want = single.probe(piece, sel, po).unwrap();
+                let label = format!("{kind} {sel:?} piece {i} at once");
+                compare(&label, &m, piece, &right, &want, got);
+                assert_eq!(got.len(), want.len(), "{label}");
+            }
         }
     }
 }
@@ -991,6 +1030,58 @@ fn dense_columns_on_tensor_cores_match_cpu() {
             assert_same_radius_pairs(&format!("{label} {kind}"), &c, &g, radius, |_, d| {
                 tolerance(d, 0.0)
             });
+        }
+    }
+}
+
+/// One index probed from several threads at once: the probes run on the device's lanes (two
+/// streams, one probe's copies beside another's kernels) and each answer is the one the same
+/// probe gives alone, for the k nearest, a radius and a certified metric.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn one_index_probed_from_several_threads_at_once() {
+    if !gpu_or_skip() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(23);
+    let right = batch(&random_rows(&mut rng, 5000, DIM, 300, &[]));
+    for kind in [
+        MetricKind::Cosine,
+        MetricKind::Manhattan,
+        MetricKind::JensenShannon,
+    ] {
+        let m = metric(kind, DIM);
+        let index = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
+        let pieces: Vec<SparseBatch> = (0..8).map(|i| right.slice(i * 600, 700)).collect();
+        let alone = index
+            .probe(&pieces[0], Selection::Nearest(9), ProbeOptions::default())
+            .unwrap();
+        let mut distances = alone.distance.clone();
+        distances.sort_by(f64::total_cmp);
+        let radius = distances[distances.len() / 3];
+        for sel in [Selection::Nearest(9), Selection::Within(radius)] {
+            let want: Vec<PairList> = pieces
+                .iter()
+                .map(|p| index.probe(p, sel, ProbeOptions::default()).unwrap())
+                .collect();
+            for round in 0..3 {
+                let at_once: Vec<PairList> = std::thread::scope(|scope| {
+                    let handles: Vec<_> = pieces
+                        .iter()
+                        .map(|p| {
+                            let index = &index;
+                            scope.spawn(move || {
+                                index.probe(p, sel, ProbeOptions::default()).unwrap()
+                            })
+                        })
+                        .collect();
+                    handles.into_iter().map(|h| h.join().unwrap()).collect()
+                });
+                for (i, (got, want)) in at_once.iter().zip(&want).enumerate() {
+                    assert!(!want.is_empty(), "{kind} {sel:?} piece {i}");
+                    assert_eq!(got, want, "{kind} {sel:?} piece {i}, round {round}");
+                }
+            }
         }
     }
 }

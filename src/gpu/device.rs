@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{
@@ -55,7 +55,16 @@ pub(crate) fn is_out_of_memory(e: &DataFusionError) -> bool {
     e.to_string().contains("OUT_OF_MEMORY")
 }
 
+/// Each metric's module (keyed by a hash of its source): the loaded module or why it failed.
+type ModuleCache = HashMap<u64, std::result::Result<Arc<CudaModule>, String>>;
+
+/// Kernels cached per (module, name), with the most dynamic shared memory each was allowed.
+type FunctionCache = HashMap<(u64, &'static str), (CudaFunction, u32)>;
+
 /// One GPU: its context, the stream every operation of this crate runs on, and its properties.
+/// A probe runs on one of the device's lanes: this stream, or one of `extra_lanes` (a `Device`
+/// each, sharing the context and kernels, with a stream of its own), so that one probe's host
+/// steps and copies overlap another's kernels.
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -69,11 +78,56 @@ pub(crate) struct Device {
     /// Tensor cores with TF32, half and 8-bit products (compute capability 8.0 or later): the
     /// dense columns of dot and cosine go through `dense_gemm`.
     pub tensor_cores: bool,
-    /// Per metric module (keyed by a hash of its source): the loaded module or why it failed.
-    modules: Mutex<HashMap<u64, std::result::Result<Arc<CudaModule>, String>>>,
-    functions: Mutex<HashMap<(u64, &'static str), CudaFunction>>,
-    /// Probes of different operators share the device: one at a time.
-    pub lock: Mutex<()>,
+    modules: Arc<Mutex<ModuleCache>>,
+    functions: Arc<Mutex<FunctionCache>>,
+    extra_lanes: Vec<Device>,
+    /// Which lanes are taken (0: this device's own stream), and builds waiting for all of them.
+    lanes: Mutex<LaneState>,
+    lane_freed: Condvar,
+}
+
+#[derive(Default)]
+struct LaneState {
+    busy: Vec<bool>,
+    builds_waiting: usize,
+}
+
+/// Lanes a probe or a build holds until dropped.
+pub(crate) struct Lanes<'a> {
+    device: &'a Device,
+    held: Vec<usize>,
+}
+
+impl Lanes<'_> {
+    /// The device as seen from the first lane held (its stream is the lane's).
+    pub fn device(&self) -> &Device {
+        match self.held[0] {
+            0 => self.device,
+            i => &self.device.extra_lanes[i - 1],
+        }
+    }
+}
+
+impl Drop for Lanes<'_> {
+    fn drop(&mut self) {
+        let mut state = self.device.lane_state();
+        for &i in &self.held {
+            state.busy[i] = false;
+        }
+        drop(state);
+        self.device.lane_freed.notify_all();
+    }
+}
+
+/// Probes one GPU runs at once: `SPARSE_KNN_GPU_LANES` (1 to 4), default 2.
+fn lane_count() -> usize {
+    static LANES: OnceLock<usize> = OnceLock::new();
+    *LANES.get_or_init(|| {
+        std::env::var("SPARSE_KNN_GPU_LANES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .map_or(2, |n| n.clamp(1, 4))
+    })
 }
 
 impl std::fmt::Debug for Device {
@@ -226,8 +280,11 @@ fn reset_primary_context(ordinal: usize) -> Result<()> {
 fn open(ordinal: usize) -> Result<Device> {
     guarded("opening the device", || {
         let ctx = CudaContext::new(ordinal).map_err(cuda_err("creating a CUDA context"))?;
-        // One stream, used in order: cudarc's per-buffer event tracking is not needed.
-        // SAFETY: every buffer of this crate is used on `stream` only.
+        // Streams used in order, each by one probe or build at a time, and cudarc's per-buffer
+        // event tracking not needed: a buffer is written and read on the stream it was made on,
+        // except the right side's, which a build writes and synchronizes before any probe (on
+        // any lane) reads it, and which is dropped only after every probe is done.
+        // SAFETY: as above.
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx
             .new_stream()
@@ -239,28 +296,101 @@ fn open(ordinal: usize) -> Result<Device> {
         let (major, minor) = ctx
             .compute_capability()
             .map_err(cuda_err("reading the compute capability"))?;
-        Ok(Device {
-            name: ctx.name().unwrap_or_else(|_| "CUDA device".to_string()),
-            sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
-            smem_optin: attr(
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-            )? as u32,
-            smem_per_sm: attr(
-                CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-            )? as u32,
-            arch: arch_name(major, minor),
-            tensor_cores: major >= 8,
-            ctx,
-            stream,
-            ordinal,
-            modules: Mutex::new(HashMap::new()),
-            functions: Mutex::new(HashMap::new()),
-            lock: Mutex::new(()),
-        })
+        let name = ctx.name().unwrap_or_else(|_| "CUDA device".to_string());
+        let lane = |stream: Arc<CudaStream>| -> Result<Device> {
+            Ok(Device {
+                name: name.clone(),
+                sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
+                    as u32,
+                smem_optin: attr(
+                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+                )? as u32,
+                smem_per_sm: attr(
+                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                )? as u32,
+                arch: arch_name(major, minor),
+                tensor_cores: major >= 8,
+                ctx: Arc::clone(&ctx),
+                stream,
+                ordinal,
+                modules: Arc::default(),
+                functions: Arc::default(),
+                extra_lanes: Vec::new(),
+                lanes: Mutex::new(LaneState {
+                    busy: vec![false],
+                    builds_waiting: 0,
+                }),
+                lane_freed: Condvar::new(),
+            })
+        };
+        let mut device = lane(stream)?;
+        for _ in 1..lane_count() {
+            let stream = ctx
+                .new_stream()
+                .map_err(cuda_err("creating a CUDA stream"))?;
+            let mut extra = lane(stream)?;
+            extra.modules = Arc::clone(&device.modules);
+            extra.functions = Arc::clone(&device.functions);
+            device.extra_lanes.push(extra);
+        }
+        device.lanes = Mutex::new(LaneState {
+            busy: vec![false; lane_count()],
+            builds_waiting: 0,
+        });
+        Ok(device)
     })
 }
 
 impl Device {
+    fn lane_state(&self) -> MutexGuard<'_, LaneState> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How many probes can run at once on this device.
+    pub fn lane_count(&self) -> usize {
+        1 + self.extra_lanes.len()
+    }
+
+    /// One free lane for a probe, waiting for one (and for any build waiting for all).
+    pub fn take_lane(&self) -> Lanes<'_> {
+        let mut state = self.lane_state();
+        loop {
+            if state.builds_waiting == 0 {
+                if let Some(i) = state.busy.iter().position(|b| !b) {
+                    state.busy[i] = true;
+                    return Lanes {
+                        device: self,
+                        held: vec![i],
+                    };
+                }
+            }
+            state = self
+                .lane_freed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    /// Every lane (lane 0 first), waiting until no probe runs: a build reads the free memory
+    /// and uploads with no probe's scratch beside it, and a probe that streams the right side's
+    /// parts runs alone.
+    pub fn take_all_lanes(&self) -> Lanes<'_> {
+        let mut state = self.lane_state();
+        state.builds_waiting += 1;
+        while state.busy.iter().any(|&b| b) {
+            state = self
+                .lane_freed
+                .wait(state)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        state.builds_waiting -= 1;
+        state.busy.iter_mut().for_each(|b| *b = true);
+        Lanes {
+            device: self,
+            held: (0..state.busy.len()).collect(),
+        }
+    }
+
     /// Whether the context still works: a sticky error from any earlier call is returned by
     /// every later one, a synchronize included.
     fn health(&self) -> std::result::Result<(), DriverError> {
@@ -315,22 +445,26 @@ impl Device {
             .functions
             .lock()
             .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        let f = match cache.get(&(key, name)) {
-            Some(f) => f.clone(),
+        let (f, allowed) = match cache.get_mut(&(key, name)) {
+            Some(entry) => entry,
             None => {
                 let f = module
                     .load_function(name)
                     .map_err(cuda_err("finding a kernel"))?;
-                cache.insert((key, name), f.clone());
-                f
+                cache.entry((key, name)).or_insert((f, 0))
             }
         };
-        f.set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(cuda_err("raising a kernel's shared-memory limit"))?;
-        Ok(f)
+        // Only ever raised: a probe on another lane may be about to launch this kernel with
+        // the larger amount it was allowed.
+        if smem > *allowed || *allowed == 0 {
+            f.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                smem as i32,
+            )
+            .map_err(cuda_err("raising a kernel's shared-memory limit"))?;
+            *allowed = smem.max(*allowed);
+        }
+        Ok(f.clone())
     }
 
     /// Free and total device memory.

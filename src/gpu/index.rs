@@ -9,6 +9,7 @@
 //! pointer). When the right side does not fit the memory budget it is cut into parts by rows
 //! that are uploaded one at a time per probe, and the parts' results are merged by the join core.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
@@ -41,13 +42,12 @@ const DENSE_LAUNCH_BYTES: u64 = 4 << 30;
 struct Inner {
     resident: Option<Vec<DevPart>>,
     col_ids: Option<CudaSlice<i32>>,
-    stats: GpuStats,
     /// Device bytes held by this index between probes.
     resident_bytes: u64,
     /// Pairs per left row the last radius launch found: the next one sizes its pair list by it,
     /// so a join whose rows match hundreds (a certified metric's candidates) runs each kernel
     /// once instead of overflowing a default list and running again.
-    radius_pairs_per_row: std::cell::Cell<u64>,
+    radius_pairs_per_row: AtomicU64,
 }
 
 /// The right side of a join, resident on the device (or streamed in parts).
@@ -71,7 +71,9 @@ pub struct GpuIndex {
     /// Certified metrics: the exact distance of a pair (left row, right row) over the union.
     /// Shared by the replicas of one right side on several GPUs.
     exact: Option<Arc<ExactRows>>,
-    inner: Mutex<Inner>,
+    /// Read by probes at once, each on a lane of the device.
+    inner: Inner,
+    stats: Mutex<GpuStats>,
 }
 
 /// What the kernels return for a certified metric: distances, or their lower bounds; and for
@@ -385,13 +387,6 @@ fn check_size(right: &SparseBatch) -> Result<()> {
     Ok(())
 }
 
-fn lock_device(device: &Device) -> Result<std::sync::MutexGuard<'_, ()>> {
-    device
-        .lock
-        .lock()
-        .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))
-}
-
 /// Where an upload put the right side.
 struct Uploaded {
     /// The right side's one part (None when its parts are streamed per probe).
@@ -447,9 +442,10 @@ impl GpuIndex {
         check_size(right)?;
         // Builds on one device take turns from here to the upload, so each one's budget is read
         // after the indexes built before it hold their memory: the driver's free memory is the
-        // process's one ledger (probes take turns too, so their scratch never overlaps).
+        // process's one ledger (the build holds every lane, so no probe's scratch is beside it;
+        // probes on the lanes share what the budget leaves).
         let entered = std::time::Instant::now();
-        let build_turn = lock_device(&device)?;
+        let build_turn = device.take_all_lanes();
         let (free, _) = device.memory()?;
         let waited = entered.elapsed();
         // Leave room for the context and other users of the device when no limit is given.
@@ -502,10 +498,7 @@ impl GpuIndex {
         let mut by_ordinal: Vec<&Arc<Device>> = devices.iter().collect();
         by_ordinal.sort_by_key(|d| d.ordinal);
         by_ordinal.dedup_by_key(|d| d.ordinal);
-        let turns = by_ordinal
-            .iter()
-            .map(|d| lock_device(d))
-            .collect::<Result<Vec<_>>>()?;
+        let turns: Vec<_> = by_ordinal.iter().map(|d| d.take_all_lanes()).collect();
         let mut budget = u64::MAX;
         for d in devices {
             let (free, _) = d.memory()?;
@@ -599,13 +592,13 @@ impl GpuIndex {
             }),
             max_row_len: right.max_row_len() as i32,
             exact,
-            inner: Mutex::new(Inner {
+            inner: Inner {
                 resident: uploaded.resident,
                 col_ids: uploaded.col_ids,
-                stats,
                 resident_bytes: uploaded.resident_bytes,
-                radius_pairs_per_row: std::cell::Cell::new(DEFAULT_RADIUS_PAIRS_PER_ROW),
-            }),
+                radius_pairs_per_row: AtomicU64::new(DEFAULT_RADIUS_PAIRS_PER_ROW),
+            },
+            stats: Mutex::new(stats),
         }
     }
 
@@ -615,10 +608,7 @@ impl GpuIndex {
     }
 
     pub fn stats(&self) -> GpuStats {
-        self.inner
-            .lock()
-            .map(|i| i.stats.clone())
-            .unwrap_or_default()
+        self.stats.lock().map(|s| s.clone()).unwrap_or_default()
     }
 
     pub fn rows(&self) -> usize {
@@ -672,12 +662,13 @@ impl GpuIndex {
             _ if self.exact.is_some() => {
                 self.probe_certified_in_steps(left, selection, options, cancel, &mut probe_stats)
             }
-            Selection::Nearest(k) if k > MAX_DEVICE_K => self.with_device(|inner| {
-                self.probe_large_k(inner, left, k, options, cancel, &mut probe_stats)
+            Selection::Nearest(k) if k > MAX_DEVICE_K => self.with_device(|inner, device| {
+                self.probe_large_k(inner, device, left, k, options, cancel, &mut probe_stats)
             }),
-            _ => self.with_device(|inner| {
+            _ => self.with_device(|inner, device| {
                 self.probe_locked(
                     inner,
+                    device,
                     left,
                     selection,
                     options,
@@ -687,43 +678,39 @@ impl GpuIndex {
                 )
             }),
         };
-        let mut inner = self
-            .inner
+        let mut stats = self
+            .stats
             .lock()
             .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        inner.stats.bytes_to_device += probe_stats.bytes_to_device;
-        inner.stats.kernel_nanos += probe_stats.kernel_nanos;
-        inner.stats.peak_device_bytes = inner
-            .stats
-            .peak_device_bytes
-            .max(probe_stats.peak_device_bytes);
+        stats.bytes_to_device += probe_stats.bytes_to_device;
+        stats.kernel_nanos += probe_stats.kernel_nanos;
+        stats.peak_device_bytes = stats.peak_device_bytes.max(probe_stats.peak_device_bytes);
+        drop(stats);
         record_process_stats(&probe_stats);
         result.map(|pairs| (pairs, probe_stats))
     }
 
-    /// Runs `f` holding this index (probes of one index take turns) and its device, with the
-    /// device's context bound to this thread.
-    fn with_device<R>(&self, f: impl FnOnce(&mut Inner) -> Result<R>) -> Result<R> {
-        let mut inner = self
-            .inner
-            .lock()
-            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        let _guard = self
-            .device
-            .lock
-            .lock()
-            .map_err(|_| exec_datafusion_err!("GPU: a probe panicked"))?;
-        self.device
+    /// Runs `f` on a lane of this index's device (see [`Device::take_lane`]; every lane when the
+    /// right side's parts are streamed, which then run alone), with the context bound to this
+    /// thread.
+    fn with_device<R>(&self, f: impl FnOnce(&Inner, &Device) -> Result<R>) -> Result<R> {
+        let lanes = match self.inner.resident {
+            Some(_) => self.device.take_lane(),
+            None => self.device.take_all_lanes(),
+        };
+        let device = lanes.device();
+        device
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the CUDA context"))?;
-        f(&mut inner)
+        f(&self.inner, device)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn probe_locked(
         &self,
-        inner: &mut Inner,
+        inner: &Inner,
+        device: &Device,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
@@ -731,7 +718,11 @@ impl GpuIndex {
         stats: &mut GpuStats,
         bounds: Bounds<'_>,
     ) -> Result<PairList> {
-        let device = &*self.device;
+        // Probes on the other lanes may hold scratch as large as this one's.
+        let lanes = match inner.resident {
+            Some(_) => self.device.lane_count() as u64,
+            None => 1,
+        };
         let mut per_part = Vec::with_capacity(self.parts_meta.len());
         for p in 0..self.parts_meta.len() {
             // A streamed part lives on the device for this probe only.
@@ -749,6 +740,7 @@ impl GpuIndex {
                 }
             };
             let held = inner.resident_bytes + part_bytes;
+            let budget = held + self.budget.saturating_sub(held) / lanes;
             let (first_row, part_rows, ntiles) = self.parts_meta[p];
             let launch = PartLaunch {
                 device,
@@ -760,7 +752,7 @@ impl GpuIndex {
                 part_rows,
                 ntiles,
                 tile_rows: self.tile_rows,
-                budget: self.budget,
+                budget,
                 held,
                 lower_bounds: bounds.lower,
                 max_row_len: self.max_row_len,
@@ -770,7 +762,7 @@ impl GpuIndex {
                 radius_pairs_per_row: &inner.radius_pairs_per_row,
             };
             let mut out = PairList::default();
-            let work_budget = self.budget.saturating_sub(held).max(1);
+            let work_budget = budget.saturating_sub(held).max(1);
             let mut r0 = 0;
             // Shrinks when a radius chunk finds more pairs than the budget can hold.
             let mut max_rows = usize::MAX;
@@ -872,9 +864,10 @@ impl GpuIndex {
         let (row_radius, active_rows): (Option<Vec<f64>>, Option<Vec<bool>>) = match selection {
             Selection::Nearest(k) if k <= MAX_DEVICE_K => {
                 let wide = (2 * k).max(k + 16).min(MAX_DEVICE_K);
-                let lower = self.with_device(|inner| {
+                let lower = self.with_device(|inner, device| {
                     self.probe_locked(
                         inner,
+                        device,
                         left,
                         Selection::Nearest(wide),
                         options,
@@ -928,9 +921,10 @@ impl GpuIndex {
             Selection::Within(radius) => radius,
         };
         let first_done = started.elapsed().as_secs_f64();
-        let candidates = self.with_device(|inner| {
+        let candidates = self.with_device(|inner, device| {
             self.probe_locked(
                 inner,
+                device,
                 left,
                 Selection::Within(within),
                 options,
@@ -1043,9 +1037,11 @@ impl GpuIndex {
     /// k above what the kernels select: every pair's distance is computed on the device (the
     /// radius kernels with an unbounded radius, in chunks the budget holds) and the k nearest of
     /// each left row are kept on the host, ties to the earlier right row as everywhere.
+    #[allow(clippy::too_many_arguments)]
     fn probe_large_k(
         &self,
-        inner: &mut Inner,
+        inner: &Inner,
+        device: &Device,
         left: &SparseBatch,
         k: usize,
         options: ProbeOptions,
@@ -1065,6 +1061,7 @@ impl GpuIndex {
             let r1 = (r0 + rows_per_step).min(left.len());
             let all = self.probe_locked(
                 inner,
+                device,
                 &left.slice(r0, r1 - r0),
                 Selection::Within(everything),
                 options.shifted(r0),

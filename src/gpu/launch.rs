@@ -61,7 +61,7 @@ pub(crate) struct PartLaunch<'a> {
     /// The left rows of the batch to compute (all when absent).
     pub active_rows: Option<&'a [bool]>,
     /// Pairs per left row to make room for (updated with what each launch finds).
-    pub radius_pairs_per_row: &'a std::cell::Cell<u64>,
+    pub radius_pairs_per_row: &'a std::sync::atomic::AtomicU64,
 }
 
 impl PartLaunch<'_> {
@@ -153,7 +153,9 @@ impl PartLaunch<'_> {
             // Room for as many pairs per left row as the last launch found (a little more), within
             // what the budget leaves (16 bytes a pair).
             let room = self.budget.saturating_sub(held + needed) / 16 / 2;
-            let per_row = self.radius_pairs_per_row.get();
+            let per_row = self
+                .radius_pairs_per_row
+                .load(std::sync::atomic::Ordering::Relaxed);
             // (a certified metric's candidate pass finds ~1,150 a row at movielens' full size:
             // 19M for 16K rows, which 2^24 made run twice)
             // Twice the last average: chunks of skewed data differ, and a list that overflows
@@ -346,8 +348,10 @@ impl PartLaunch<'_> {
                 continue;
             }
             let n = found as usize;
-            self.radius_pairs_per_row
-                .set((found / nwork.max(1) as u64).max(DEFAULT_RADIUS_PAIRS_PER_ROW));
+            self.radius_pairs_per_row.store(
+                (found / nwork.max(1) as u64).max(DEFAULT_RADIUS_PAIRS_PER_ROW),
+                std::sync::atomic::Ordering::Relaxed,
+            );
             // Offsets added in place: a certified metric's candidates are ~19M pairs a launch,
             // where each copy of the lists cost tens of milliseconds.
             pairs.left = download(device, &r_left, n)?;

@@ -96,6 +96,16 @@ impl GpuIndex {
     }
 }
 
+/// Right rows per GPU below which several GPUs each hold the whole right side rather than a
+/// shard of it. A probe's kernels give a block to each left row, which walks its shard's tiles
+/// of right rows: a shard of one or two tiles leaves each GPU all of every left row's fixed work,
+/// which whole copies split between the GPUs. From a few tiles on, shards won at each of the
+/// paper's four shapes (66,000-663,000 rows; two H100s, call AG: movielens 1.16-1.19 s sharded
+/// against 1.25-1.35 whole on each, nytimes 1.89 against 2.17, scrna 1.45 against 1.94, secedgar
+/// 2.78 against 2.92): each GPU lays out and uploads only its shard, and its launches keep every
+/// left row of a probe.
+pub const REPLICATE_BELOW_ROWS: usize = 16_384;
+
 /// Joins on a CUDA GPU.
 #[derive(Debug, Clone, Default)]
 pub struct GpuBackend {
@@ -111,12 +121,13 @@ impl Backend for GpuBackend {
         Ok(Box::new(GpuIndex::build(right, metric, &self.options)?))
     }
 
-    /// With several GPUs, the whole right side on each when it stays resident on each (prepared
-    /// once, uploaded to all at once; a probe's left rows are split between them and nothing is
-    /// merged); else the right side sharded over the GPUs (consecutive row ranges of about equal
-    /// nonzeros, one per GPU, cut further where a range passes [`max_chunk_nnz`]), each GPU
-    /// building its shards on its own thread and context, probes asking every GPU at once and
-    /// merging their top-k lists.
+    /// With several GPUs, the right side sharded over them (consecutive row ranges of about
+    /// equal nonzeros, one per GPU, cut further where a range passes [`max_chunk_nnz`]), each
+    /// GPU building its shards on its own thread, context and share of the host's cores, probes
+    /// asking every GPU at once and merging their top-k lists. A right side of fewer than
+    /// [`REPLICATE_BELOW_ROWS`] rows a GPU is instead whole on each GPU where it stays resident
+    /// on each (prepared once, uploaded to all at once; probes go whole to the least busy GPU or
+    /// are split between idle ones, and nothing is merged).
     fn build_pieces(
         &self,
         mut pieces: Vec<SparseBatch>,
@@ -124,14 +135,22 @@ impl Backend for GpuBackend {
     ) -> Result<Box<dyn JoinIndex>> {
         let ordinals = self.ordinals()?;
         let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
-        if ordinals.len() > 1 && total > 0 && total <= max_chunk_nnz() {
+        let rows: usize = pieces.iter().map(SparseBatch::len).sum();
+        // `SPARSE_KNN_GPU_SPREAD=shard` or `=replicate` overrides the choice (to compare the two
+        // in benchmarks).
+        let replicate = match std::env::var("SPARSE_KNN_GPU_SPREAD").as_deref() {
+            Ok("shard") => false,
+            Ok("replicate") => true,
+            _ => rows < REPLICATE_BELOW_ROWS * ordinals.len(),
+        };
+        if replicate && ordinals.len() > 1 && total > 0 && total <= max_chunk_nnz() {
             let right = if pieces.len() == 1 {
                 pieces.pop().expect("one piece")
             } else {
                 SparseBatch::concat(&pieces)?
             };
             if let Some(index) = self.build_replicated(&ordinals, &right, metric)? {
-                return Ok(index);
+                return Ok(Box::new(index));
             }
             log::debug!("GPU: the right side does not stay on each GPU: sharded over them");
             pieces = vec![right];
@@ -178,6 +197,11 @@ impl Backend for GpuBackend {
                 .max(1);
             options.memory_limit = Some(limit / most as u64);
         }
+        // Each GPU's shards are laid out on a share of the host's cores: in one pool, the
+        // layouts' per-column passes (as long for half the rows as for all) queued behind each
+        // other (on two H100s: one half prepared in 80 ms, the other in 167).
+        let gpus = ordinals.len();
+        let threads = (rayon::current_num_threads() / gpus).max(1);
         let built: Vec<Result<Vec<(usize, GpuIndex)>>> = std::thread::scope(|scope| {
             let handles: Vec<_> = ordinals
                 .iter()
@@ -191,15 +215,26 @@ impl Backend for GpuBackend {
                             "GPU {ordinal}: open for the build after {:?}",
                             opening.elapsed()
                         );
-                        (0..chunks.len())
-                            .filter(|&i| owner[i] == g)
-                            .map(|i| {
-                                let index = crate::with_semiring!(metric, s => {
-                                    GpuIndex::build_on(Arc::clone(&device), &chunks[i], &s, options)
-                                })?;
-                                Ok((i, index))
-                            })
-                            .collect()
+                        let build = || {
+                            (0..chunks.len())
+                                .filter(|&i| owner[i] == g)
+                                .map(|i| {
+                                    let index = crate::with_semiring!(metric, s => {
+                                        GpuIndex::build_on(
+                                            Arc::clone(&device),
+                                            &chunks[i],
+                                            &s,
+                                            options,
+                                        )
+                                    })?;
+                                    Ok((i, index))
+                                })
+                                .collect()
+                        };
+                        match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
+                            Ok(pool) if gpus > 1 => pool.install(build),
+                            _ => build(),
+                        }
                     })
                 })
                 .collect();
@@ -235,7 +270,7 @@ impl GpuBackend {
         ordinals: &[usize],
         right: &SparseBatch,
         metric: &Metric,
-    ) -> Result<Option<Box<dyn JoinIndex>>> {
+    ) -> Result<Option<ReplicatedIndex>> {
         let devices = ordinals
             .iter()
             .map(|&o| device::device(o))
@@ -250,20 +285,24 @@ impl GpuBackend {
             .into_iter()
             .map(|index| Box::new(index) as Box<dyn JoinIndex>)
             .collect();
-        Ok(Some(Box::new(ReplicatedIndex::new(replicas, right)?)))
+        Ok(Some(ReplicatedIndex::new(replicas, right)?))
     }
 
     /// [`GpuBackend::build_pieces`]'s whole-on-each-GPU index over any list of ordinals, one GPU
     /// named twice included: a machine with one GPU tests the replicas' build and probe split.
+    /// A probe of `min_range_rows` rows per idle replica is cut between them.
     #[doc(hidden)]
     pub fn replicated_for_tests(
         &self,
         ordinals: &[usize],
         right: &SparseBatch,
         metric: &Metric,
+        min_range_rows: usize,
     ) -> Result<Box<dyn JoinIndex>> {
-        self.build_replicated(ordinals, right, metric)?
-            .ok_or_else(|| exec_datafusion_err!("GPU: the right side does not fit on each GPU"))
+        let index = self
+            .build_replicated(ordinals, right, metric)?
+            .ok_or_else(|| exec_datafusion_err!("GPU: the right side does not fit on each GPU"))?;
+        Ok(Box::new(index.with_min_range_rows(min_range_rows)))
     }
 
     /// Opens each GPU of this backend and compiles and loads `metric`'s kernels on it, on
