@@ -470,7 +470,11 @@ impl GpuIndex {
             resident,
             &mut stats,
         )?;
-        uploaded.host_parts = (host_parts.len() > 1).then_some(host_parts);
+        if host_parts.len() > 1 {
+            uploaded.host_parts = Some(host_parts);
+        } else {
+            super::drop_later(host_parts);
+        }
         drop(build_turn);
         log::debug!(
             "GPU index: {} rows, {parts} parts, the device's turn after {waited:?}, laid out in {laid_out:?}, prepared in {prepared:?}, uploaded in {:?} ({} bytes)",

@@ -32,8 +32,8 @@ pub use index::GpuIndex;
 pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
-    build_shards, max_chunk_nnz, split_rows, Backend, Cancel, JoinIndex, ProbeOptions, Probed,
-    ReplicatedIndex, Selection,
+    join_pieces, join_shards, max_chunk_nnz, split_row_ranges, Backend, Cancel, JoinIndex,
+    ProbeOptions, Probed, ReplicatedIndex, Selection,
 };
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
@@ -94,6 +94,16 @@ impl GpuIndex {
         let device = device::device(0)?;
         Self::build_on(device, right, s, options)
     }
+}
+
+/// Frees `value` on a thread of its own: the build's host copies of the right side (hundreds of
+/// MB at the paper's shapes) take ~9 ms per 150 MB to give back to the system, time the probes
+/// need not wait for.
+pub(crate) fn drop_later<T: Send + 'static>(value: T) {
+    // Where no thread can be started, the refused closure drops `value` here.
+    let _ = std::thread::Builder::new()
+        .name("sparse-knn-free".into())
+        .spawn(move || drop(value));
 }
 
 /// Right rows per GPU below which several GPUs each hold the whole right side rather than a
@@ -164,7 +174,13 @@ impl Backend for GpuBackend {
             .max()
             .unwrap_or(0);
         let started = std::time::Instant::now();
-        let chunks = split_rows(pieces, (per_gpu + longest).min(max_chunk_nnz()))?;
+        // Each chunk is copied into one batch by the thread that builds it.
+        let chunks = split_row_ranges(pieces, (per_gpu + longest).min(max_chunk_nnz()));
+        let chunk_nnz = |c: &[SparseBatch]| c.iter().map(SparseBatch::nnz).sum::<usize>();
+        let chunk_rows: Vec<usize> = chunks
+            .iter()
+            .map(|c| c.iter().map(SparseBatch::len).sum())
+            .collect();
         log::debug!(
             "GPU: the right side cut into {} chunks for {} GPU(s) in {:?}",
             chunks.len(),
@@ -184,8 +200,8 @@ impl Backend for GpuBackend {
         let mut owner = Vec::with_capacity(chunks.len());
         let mut seen = 0usize;
         for c in &chunks {
-            owner.push(((seen + c.nnz() / 2) / per_gpu).min(ordinals.len() - 1));
-            seen += c.nnz();
+            owner.push(((seen + chunk_nnz(c) / 2) / per_gpu).min(ordinals.len() - 1));
+            seen += chunk_nnz(c);
         }
         let mut options = self.options.clone();
         if let Some(limit) = options.memory_limit {
@@ -219,14 +235,16 @@ impl Backend for GpuBackend {
                             (0..chunks.len())
                                 .filter(|&i| owner[i] == g)
                                 .map(|i| {
+                                    let chunk = join_pieces(&chunks[i])?;
                                     let index = crate::with_semiring!(metric, s => {
                                         GpuIndex::build_on(
                                             Arc::clone(&device),
-                                            &chunks[i],
+                                            &chunk,
                                             &s,
                                             options,
                                         )
                                     })?;
+                                    drop_later(chunk);
                                     Ok((i, index))
                                 })
                                 .collect()
@@ -252,13 +270,17 @@ impl Backend for GpuBackend {
                 indexes[i] = Some(index);
             }
         }
-        let similarity = metric.kind.is_similarity();
-        build_shards(chunks, similarity, true, |i, _| {
-            let index = indexes[i]
-                .take()
-                .ok_or_else(|| exec_datafusion_err!("GPU: shard {i} was not built"))?;
-            Ok(Box::new(index) as Box<dyn JoinIndex>)
-        })
+        let indexes = indexes
+            .into_iter()
+            .zip(chunk_rows)
+            .enumerate()
+            .map(|(i, (index, rows))| {
+                let index =
+                    index.ok_or_else(|| exec_datafusion_err!("GPU: shard {i} was not built"))?;
+                Ok((rows, Box::new(index) as Box<dyn JoinIndex>))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        join_shards(indexes, metric.kind.is_similarity(), true)
     }
 }
 

@@ -118,18 +118,32 @@ pub fn build_shards(
     if chunks.is_empty() {
         chunks.push(SparseBatch::concat(&[])?);
     }
-    if chunks.len() == 1 {
-        return build(0, &chunks[0]);
+    let indexes = chunks
+        .iter()
+        .enumerate()
+        .map(|(i, chunk)| Ok((chunk.len(), build(i, chunk)?)))
+        .collect::<Result<Vec<_>>>()?;
+    join_shards(indexes, similarity, parallel)
+}
+
+/// The indexes of consecutive row ranges (rows, index), as one index: itself when there is one.
+pub fn join_shards(
+    mut indexes: Vec<(usize, Box<dyn JoinIndex>)>,
+    similarity: bool,
+    parallel: bool,
+) -> Result<Box<dyn JoinIndex>> {
+    if indexes.len() == 1 {
+        return Ok(indexes.pop().expect("one index").1);
     }
-    let mut shards = Vec::with_capacity(chunks.len());
+    let mut shards = Vec::with_capacity(indexes.len());
     let mut first_row = 0;
-    for (i, chunk) in chunks.iter().enumerate() {
+    for (rows, index) in indexes {
         shards.push(Shard {
             first_row,
-            rows: chunk.len(),
-            index: build(i, chunk)?,
+            rows,
+            index,
         });
-        first_row += chunk.len();
+        first_row += rows;
     }
     Ok(Box::new(ShardedIndex::new(shards, similarity, parallel)?))
 }

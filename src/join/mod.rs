@@ -13,12 +13,12 @@ mod selection;
 mod sharded;
 mod topk;
 
-pub use backend::{build_shards, Backend, JoinIndex, Probed};
+pub use backend::{build_shards, join_shards, Backend, JoinIndex, Probed};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use exclusion::KeyGroups;
 pub use merge::{merge_nearest, merge_within};
 pub use pairs::PairList;
 pub use replicated::ReplicatedIndex;
 pub use selection::{within, ProbeOptions, Selection};
-pub use sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
+pub use sharded::{join_pieces, max_chunk_nnz, split_row_ranges, split_rows, Shard, ShardedIndex};
 pub use topk::TopK;

@@ -31,21 +31,31 @@ pub fn max_chunk_nnz() -> usize {
 /// Consecutive row ranges of `pieces` (in order), each of at most `target` nonzeros where rows
 /// allow (a single row larger than `target` is a range of its own).
 pub fn split_rows(pieces: Vec<SparseBatch>, target: usize) -> Result<Vec<SparseBatch>> {
+    split_row_ranges(pieces, target)
+        .iter()
+        .map(|range| join_pieces(range))
+        .collect()
+}
+
+/// One batch of consecutive pieces (the piece itself when there is one).
+pub fn join_pieces(pieces: &[SparseBatch]) -> Result<SparseBatch> {
+    match pieces {
+        [one] => Ok(one.clone()),
+        _ => SparseBatch::concat(pieces),
+    }
+}
+
+/// [`split_rows`]'s ranges as the slices of `pieces` each is made of, not yet copied into one
+/// batch (several GPUs' builds each copy their own at once).
+pub fn split_row_ranges(pieces: Vec<SparseBatch>, target: usize) -> Vec<Vec<SparseBatch>> {
     let target = target.max(1);
     let mut chunks = Vec::new();
     let mut current: Vec<SparseBatch> = Vec::new();
     let mut current_nnz = 0usize;
-    let flush = |current: &mut Vec<SparseBatch>, chunks: &mut Vec<SparseBatch>| {
+    let flush = |current: &mut Vec<SparseBatch>, chunks: &mut Vec<Vec<SparseBatch>>| {
         if !current.is_empty() {
-            let batch = if current.len() == 1 {
-                current.pop().expect("one piece")
-            } else {
-                SparseBatch::concat(current)?
-            };
-            current.clear();
-            chunks.push(batch);
+            chunks.push(std::mem::take(current));
         }
-        Ok::<_, datafusion::common::DataFusionError>(())
     };
     for piece in pieces {
         let mut start = 0;
@@ -62,7 +72,7 @@ pub fn split_rows(pieces: Vec<SparseBatch>, target: usize) -> Result<Vec<SparseB
                     // One row over the target: alone.
                     end = start + 1;
                 } else {
-                    flush(&mut current, &mut chunks)?;
+                    flush(&mut current, &mut chunks);
                     current_nnz = 0;
                     continue;
                 }
@@ -72,13 +82,13 @@ pub fn split_rows(pieces: Vec<SparseBatch>, target: usize) -> Result<Vec<SparseB
             current.push(taken);
             start = end;
             if current_nnz >= target {
-                flush(&mut current, &mut chunks)?;
+                flush(&mut current, &mut chunks);
                 current_nnz = 0;
             }
         }
     }
-    flush(&mut current, &mut chunks)?;
-    Ok(chunks)
+    flush(&mut current, &mut chunks);
+    chunks
 }
 
 /// One row range of the right side and its index.
