@@ -61,10 +61,10 @@ type ModuleCache = HashMap<u64, std::result::Result<Arc<CudaModule>, String>>;
 /// Kernels cached per (module, name), with the most dynamic shared memory each was allowed.
 type FunctionCache = HashMap<(u64, &'static str), (CudaFunction, u32)>;
 
-/// One GPU: its context, the stream every operation of this crate runs on, and its properties.
-/// A probe runs on one of the device's lanes: this stream, or one of `extra_lanes` (a `Device`
-/// each, sharing the context and kernels, with a stream of its own), so that one probe's host
-/// steps and copies overlap another's kernels.
+/// One GPU: its context, the stream builds run on, and its properties. A probe runs on one of
+/// the device's lanes: this stream, or one of `extra_lanes` (a `Device` each, sharing the context
+/// and kernels, with a stream of its own), so that one probe's host steps and copies overlap
+/// another's kernels.
 pub(crate) struct Device {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
@@ -86,7 +86,6 @@ pub(crate) struct Device {
     lane_freed: Condvar,
 }
 
-#[derive(Default)]
 struct LaneState {
     busy: Vec<bool>,
     builds_waiting: usize,
@@ -297,46 +296,42 @@ fn open(ordinal: usize) -> Result<Device> {
             .compute_capability()
             .map_err(cuda_err("reading the compute capability"))?;
         let name = ctx.name().unwrap_or_else(|_| "CUDA device".to_string());
-        let lane = |stream: Arc<CudaStream>| -> Result<Device> {
-            Ok(Device {
-                name: name.clone(),
-                sm_count: attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?
-                    as u32,
-                smem_optin: attr(
-                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
-                )? as u32,
-                smem_per_sm: attr(
-                    CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-                )? as u32,
-                arch: arch_name(major, minor),
-                tensor_cores: major >= 8,
-                ctx: Arc::clone(&ctx),
-                stream,
-                ordinal,
-                modules: Arc::default(),
-                functions: Arc::default(),
-                extra_lanes: Vec::new(),
-                lanes: Mutex::new(LaneState {
-                    busy: vec![false],
-                    builds_waiting: 0,
-                }),
-                lane_freed: Condvar::new(),
-            })
+        let sm_count = attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        let smem_optin =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)? as u32;
+        let smem_per_sm =
+            attr(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?
+                as u32;
+        let modules: Arc<Mutex<ModuleCache>> = Arc::default();
+        let functions: Arc<Mutex<FunctionCache>> = Arc::default();
+        // A lane with its own stream and the device's kernels; `lanes`: how many the device
+        // hands out (none for the extra lanes themselves).
+        let lane = |stream: Arc<CudaStream>, lanes: usize| Device {
+            name: name.clone(),
+            sm_count,
+            smem_optin,
+            smem_per_sm,
+            arch: arch_name(major, minor),
+            tensor_cores: major >= 8,
+            ctx: Arc::clone(&ctx),
+            stream,
+            ordinal,
+            modules: Arc::clone(&modules),
+            functions: Arc::clone(&functions),
+            extra_lanes: Vec::new(),
+            lanes: Mutex::new(LaneState {
+                busy: vec![false; lanes],
+                builds_waiting: 0,
+            }),
+            lane_freed: Condvar::new(),
         };
-        let mut device = lane(stream)?;
+        let mut device = lane(stream, lane_count());
         for _ in 1..lane_count() {
             let stream = ctx
                 .new_stream()
                 .map_err(cuda_err("creating a CUDA stream"))?;
-            let mut extra = lane(stream)?;
-            extra.modules = Arc::clone(&device.modules);
-            extra.functions = Arc::clone(&device.functions);
-            device.extra_lanes.push(extra);
+            device.extra_lanes.push(lane(stream, 0));
         }
-        device.lanes = Mutex::new(LaneState {
-            busy: vec![false; lane_count()],
-            builds_waiting: 0,
-        });
         Ok(device)
     })
 }

@@ -249,9 +249,12 @@ impl Backend for GpuBackend {
                                 })
                                 .collect()
                         };
+                        if gpus == 1 {
+                            return build();
+                        }
                         match rayon::ThreadPoolBuilder::new().num_threads(threads).build() {
-                            Ok(pool) if gpus > 1 => pool.install(build),
-                            _ => build(),
+                            Ok(pool) => pool.install(build),
+                            Err(_) => build(),
                         }
                     })
                 })
