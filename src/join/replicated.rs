@@ -343,10 +343,9 @@ mod tests {
         }
     }
 
-    /// An index that records the rows it was asked for and takes its time.
+    /// An index that records the rows it was asked for and takes 10 ms a row.
     struct Slow {
         probed: Arc<Mutex<Vec<usize>>>,
-        busy: Duration,
     }
 
     impl JoinIndex for Slow {
@@ -357,8 +356,8 @@ mod tests {
             _: ProbeOptions,
             _: &Cancel,
         ) -> Result<Probed> {
-            std::thread::sleep(self.busy);
             self.probed.lock().unwrap().push(left.len());
+            std::thread::sleep(Duration::from_millis(10 * left.len() as u64));
             Ok(Probed::default())
         }
 
@@ -368,10 +367,10 @@ mod tests {
     }
 
     #[test]
-    fn concurrent_probes_go_whole_to_the_least_loaded_replica() {
+    fn probes_go_whole_to_the_least_loaded_replica() {
         let mut rng = StdRng::seed_from_u64(11);
         let right = random_batch(&mut rng, 50, 30);
-        let left = random_batch(&mut rng, 100, 30);
+        let batch = random_batch(&mut rng, 100, 30);
         let probed: Vec<Arc<Mutex<Vec<usize>>>> = (0..2).map(|_| Arc::default()).collect();
         let index = ReplicatedIndex::new(
             probed
@@ -379,30 +378,41 @@ mod tests {
                 .map(|p| {
                     Box::new(Slow {
                         probed: Arc::clone(p),
-                        busy: Duration::from_millis(300),
                     }) as Box<dyn JoinIndex>
                 })
                 .collect(),
             &right,
         )
         .unwrap();
-        // The first probe takes replica 0; the second, started while it runs, replica 1; the
-        // third, after both, replica 0 again (equal loads: the one after the last chosen). None
-        // is cut (100 rows < MIN_RANGE_ROWS).
-        std::thread::scope(|scope| {
-            let first =
-                scope.spawn(|| index.probe(&left, Selection::Nearest(3), ProbeOptions::default()));
-            std::thread::sleep(Duration::from_millis(100));
+        let probe = |rows: usize| {
             index
-                .probe(&left, Selection::Nearest(3), ProbeOptions::default())
-                .unwrap();
-            first.join().unwrap().unwrap();
+                .probe(
+                    &batch.slice(0, rows),
+                    Selection::Nearest(3),
+                    ProbeOptions::default(),
+                )
+                .unwrap()
+        };
+        // A (100 rows, 0-1000 ms) takes replica 0; B (50 rows, from 100 ms to 600) replica 1;
+        // C (30 rows) starts at 800 ms, when replica 1 is idle and 0 still busy with A: replica
+        // 1 again, though replica 0 would be next in turn. No probe is cut (each is far under
+        // MIN_RANGE_ROWS).
+        std::thread::scope(|scope| {
+            let a = scope.spawn(|| probe(100));
+            std::thread::sleep(Duration::from_millis(100));
+            let b = scope.spawn(|| probe(50));
+            std::thread::sleep(Duration::from_millis(700));
+            probe(30);
+            a.join().unwrap();
+            b.join().unwrap();
         });
-        index
-            .probe(&left, Selection::Nearest(3), ProbeOptions::default())
-            .unwrap();
-        assert_eq!(*probed[0].lock().unwrap(), vec![100, 100]);
-        assert_eq!(*probed[1].lock().unwrap(), vec![100]);
+        assert_eq!(*probed[0].lock().unwrap(), vec![100]);
+        assert_eq!(*probed[1].lock().unwrap(), vec![50, 30]);
         assert_eq!(index.load.lock().unwrap().work, vec![0, 0]);
+        // Idle replicas of equal load take probes in turn.
+        probe(1);
+        probe(1);
+        assert_eq!(*probed[0].lock().unwrap(), vec![100, 1]);
+        assert_eq!(*probed[1].lock().unwrap(), vec![50, 30, 1]);
     }
 }
