@@ -121,7 +121,8 @@ impl ReplicatedIndex {
     /// Which replicas take a probe of rows of `work`, and where it is cut for them (see
     /// [`ReplicatedIndex::cuts`]); their load is raised by their ranges' work until the returned
     /// [`Assigned`] drops. Cut between the idle replicas when there are two or more and each
-    /// range keeps its full launch, else whole to the least loaded (ties to the first).
+    /// range keeps its full launch, else whole to the least loaded (of equal loads, the first
+    /// from the one after the last chosen).
     fn assign(&self, work: &[u64]) -> Assigned<'_> {
         let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
         let n = load.work.len();
