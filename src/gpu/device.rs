@@ -8,7 +8,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, PushKernelArg,
+    CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError, PinnedHostSlice,
+    PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
 use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
@@ -81,6 +82,8 @@ pub(crate) struct Device {
     modules: Arc<Mutex<ModuleCache>>,
     functions: Arc<Mutex<FunctionCache>>,
     extra_lanes: Vec<Device>,
+    /// This lane's pinned buffers for large uploads, made on the first.
+    staging: Mutex<Option<Staging>>,
     /// Which lanes are taken (0: this device's own stream), and builds waiting for all of them.
     lanes: Mutex<LaneState>,
     lane_freed: Condvar,
@@ -89,6 +92,26 @@ pub(crate) struct Device {
 struct LaneState {
     busy: Vec<bool>,
     builds_waiting: usize,
+}
+
+/// A lane's staging buffers, held until dropped.
+pub(crate) struct StagingGuard<'a>(MutexGuard<'a, Option<Staging>>);
+
+impl std::ops::Deref for StagingGuard<'_> {
+    type Target = Staging;
+    fn deref(&self) -> &Staging {
+        self.0
+            .as_ref()
+            .expect("staging made before the guard is handed out")
+    }
+}
+
+impl std::ops::DerefMut for StagingGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Staging {
+        self.0
+            .as_mut()
+            .expect("staging made before the guard is handed out")
+    }
 }
 
 /// Lanes a probe or a build holds until dropped.
@@ -116,6 +139,38 @@ impl Drop for Lanes<'_> {
         drop(state);
         self.device.lane_freed.notify_all();
     }
+}
+
+/// Two pinned host buffers a lane copies large uploads through, each with the event of its last
+/// copy.
+pub(crate) struct Staging {
+    buffers: [(PinnedHostSlice<u8>, CudaEvent); 2],
+}
+
+impl Staging {
+    /// Bytes each buffer holds.
+    pub fn chunk_bytes(&self) -> usize {
+        self.buffers[0].0.len()
+    }
+
+    pub fn buffer(&mut self, i: usize) -> (&mut PinnedHostSlice<u8>, &CudaEvent) {
+        let (buffer, copied) = &mut self.buffers[i];
+        (buffer, copied)
+    }
+}
+
+/// Each staging buffer's size, and the least upload that goes through them:
+/// `SPARSE_KNN_STAGE_BYTES` (tests lower it so that every upload is staged in many pieces),
+/// default 8 MiB.
+pub(crate) fn stage_bytes() -> usize {
+    static BYTES: OnceLock<usize> = OnceLock::new();
+    *BYTES.get_or_init(|| {
+        std::env::var("SPARSE_KNN_STAGE_BYTES")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(8 << 20)
+    })
 }
 
 /// Probes one GPU runs at once: `SPARSE_KNN_GPU_LANES` (1 to 4), default 2.
@@ -319,6 +374,7 @@ fn open(ordinal: usize) -> Result<Device> {
             modules: Arc::clone(&modules),
             functions: Arc::clone(&functions),
             extra_lanes: Vec::new(),
+            staging: Mutex::new(None),
             lanes: Mutex::new(LaneState {
                 busy: vec![false; lanes],
                 builds_waiting: 0,
@@ -339,6 +395,27 @@ fn open(ordinal: usize) -> Result<Device> {
 impl Device {
     fn lane_state(&self) -> MutexGuard<'_, LaneState> {
         self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This lane's staging buffers (see [`Staging`]), made on first use.
+    pub fn staging(&self) -> Result<StagingGuard<'_>> {
+        let mut slot = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            let buffer = || -> Result<(PinnedHostSlice<u8>, CudaEvent)> {
+                // SAFETY: the buffer is only read by copies of bytes written into it first.
+                let pinned = unsafe { self.ctx.alloc_pinned::<u8>(stage_bytes()) }
+                    .map_err(cuda_err("allocating pinned host memory"))?;
+                let copied = self
+                    .ctx
+                    .new_event(None)
+                    .map_err(cuda_err("creating an event"))?;
+                Ok((pinned, copied))
+            };
+            *slot = Some(Staging {
+                buffers: [buffer()?, buffer()?],
+            });
+        }
+        Ok(StagingGuard(slot))
     }
 
     /// How many probes can run at once on this device.

@@ -1,10 +1,11 @@
-//! Moving buffers between the host and a device, on the device's one stream.
+//! Moving buffers between the host and a device, on the stream of the device's lane.
 
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use datafusion::common::Result;
+use rayon::prelude::*;
 
 use super::args::DevPtr;
-use super::device::{cuda_err, Device};
+use super::device::{cuda_err, stage_bytes, Device, StagingGuard};
 use super::stats::GpuStats;
 
 /// Copies `data` to the device, counting the bytes.
@@ -20,10 +21,65 @@ pub(crate) fn upload<T: DeviceRepr>(
         return unsafe { device.stream.alloc::<T>(1) }
             .map_err(cuda_err("allocating device memory"));
     }
+    if std::mem::size_of_val(data) >= stage_bytes() {
+        match device.staging() {
+            Ok(staging) => return upload_staged(device, staging, data),
+            // (pinned memory refused: the driver's own path still works)
+            Err(e) => log::debug!("GPU {}: no staging buffers: {e}", device.ordinal),
+        }
+    }
     device
         .stream
         .clone_htod(data)
         .map_err(cuda_err("copying to the device"))
+}
+
+/// [`upload`] of a large buffer through the lane's two pinned staging buffers: the cores fill
+/// one while the other is copied, where a copy from pageable memory ran at 4-5 GB/s through the
+/// driver's own staging (the right side's upload, 303 MB at the movielens shape, took 63 ms).
+fn upload_staged<T: DeviceRepr>(
+    device: &Device,
+    mut staging: StagingGuard<'_>,
+    data: &[T],
+) -> Result<CudaSlice<T>> {
+    // SAFETY: every byte is written by the copies below, which the stream runs before anything
+    // later on it reads the buffer.
+    let dst = unsafe { device.stream.alloc::<T>(data.len()) }
+        .map_err(cuda_err("allocating device memory"))?;
+    let base = addr(device, &dst);
+    // SAFETY: `T: DeviceRepr` is plain data, read here as its bytes.
+    let bytes = unsafe {
+        std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
+    };
+    let chunk_bytes = staging.chunk_bytes();
+    for (i, chunk) in bytes.chunks(chunk_bytes).enumerate() {
+        let (buffer, copied) = staging.buffer(i % 2);
+        // The buffer's last copy is done before it is filled again.
+        copied
+            .synchronize()
+            .map_err(cuda_err("copying to the device"))?;
+        let target = &mut buffer
+            .as_mut_slice()
+            .map_err(cuda_err("copying to the device"))?[..chunk.len()];
+        target
+            .par_chunks_mut(1 << 20)
+            .zip(chunk.par_chunks(1 << 20))
+            .for_each(|(to, from)| to.copy_from_slice(from));
+        // SAFETY: the destination range lies inside `dst` (allocated on this stream); the source
+        // is pinned and not written again before `copied` says this copy is done.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(
+                base + (i * chunk_bytes) as u64,
+                &*target,
+                device.stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err("copying to the device"))?;
+        copied
+            .record(&device.stream)
+            .map_err(cuda_err("copying to the device"))?;
+    }
+    Ok(dst)
 }
 
 /// `n` zeroed elements on the device (at least one: see [`upload`]).
