@@ -184,6 +184,14 @@ fn lane_count() -> usize {
     })
 }
 
+impl Drop for Device {
+    /// The staging buffers' pinned memory is freed with the fields, after this: the driver frees
+    /// it in the current context, which the thread dropping the device may not have bound.
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+    }
+}
+
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
