@@ -128,6 +128,15 @@ impl Lanes<'_> {
             i => &self.device.extra_lanes[i - 1],
         }
     }
+
+    /// How many probes' scratch may share the device's memory budget with this holder's: one
+    /// when it holds every lane, else one per lane.
+    pub fn sharing_budget(&self) -> u64 {
+        match self.held.len() {
+            n if n == self.device.lane_count() => 1,
+            _ => self.device.lane_count() as u64,
+        }
+    }
 }
 
 impl Drop for Lanes<'_> {
@@ -174,7 +183,7 @@ pub(crate) fn stage_bytes() -> usize {
 }
 
 /// Probes one GPU runs at once: `SPARSE_KNN_GPU_LANES` (1 to 4), default 2.
-fn lane_count() -> usize {
+fn configured_lanes() -> usize {
     static LANES: OnceLock<usize> = OnceLock::new();
     *LANES.get_or_init(|| {
         std::env::var("SPARSE_KNN_GPU_LANES")
@@ -389,8 +398,8 @@ fn open(ordinal: usize) -> Result<Device> {
             }),
             lane_freed: Condvar::new(),
         };
-        let mut device = lane(stream, lane_count());
-        for _ in 1..lane_count() {
+        let mut device = lane(stream, configured_lanes());
+        for _ in 1..configured_lanes() {
             let stream = ctx
                 .new_stream()
                 .map_err(cuda_err("creating a CUDA stream"))?;

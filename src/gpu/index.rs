@@ -16,7 +16,7 @@ use cudarc::driver::CudaSlice;
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 use rayon::prelude::*;
 
-use super::device::{cuda_err, is_out_of_memory, Device};
+use super::device::{cuda_err, is_out_of_memory, Device, Lanes};
 use super::kernels::MetricProgram;
 use super::launch::{folded_fixed_smem, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW};
 use super::memory::upload;
@@ -666,13 +666,13 @@ impl GpuIndex {
             _ if self.exact.is_some() => {
                 self.probe_certified_in_steps(left, selection, options, cancel, &mut probe_stats)
             }
-            Selection::Nearest(k) if k > MAX_DEVICE_K => self.with_device(|inner, device| {
-                self.probe_large_k(inner, device, left, k, options, cancel, &mut probe_stats)
+            Selection::Nearest(k) if k > MAX_DEVICE_K => self.with_device(|inner, lanes| {
+                self.probe_large_k(inner, lanes, left, k, options, cancel, &mut probe_stats)
             }),
-            _ => self.with_device(|inner, device| {
+            _ => self.with_device(|inner, lanes| {
                 self.probe_locked(
                     inner,
-                    device,
+                    lanes,
                     left,
                     selection,
                     options,
@@ -697,24 +697,24 @@ impl GpuIndex {
     /// Runs `f` on a lane of this index's device (see [`Device::take_lane`]; every lane when the
     /// right side's parts are streamed, which then run alone), with the context bound to this
     /// thread.
-    fn with_device<R>(&self, f: impl FnOnce(&Inner, &Device) -> Result<R>) -> Result<R> {
+    fn with_device<R>(&self, f: impl FnOnce(&Inner, &Lanes<'_>) -> Result<R>) -> Result<R> {
         let lanes = match self.inner.resident {
             Some(_) => self.device.take_lane(),
             None => self.device.take_all_lanes(),
         };
-        let device = lanes.device();
-        device
+        lanes
+            .device()
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the CUDA context"))?;
-        f(&self.inner, device)
+        f(&self.inner, &lanes)
     }
 
     #[allow(clippy::too_many_arguments)]
     fn probe_locked(
         &self,
         inner: &Inner,
-        device: &Device,
+        lanes: &Lanes<'_>,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
@@ -722,11 +722,9 @@ impl GpuIndex {
         stats: &mut GpuStats,
         bounds: Bounds<'_>,
     ) -> Result<PairList> {
+        let device = lanes.device();
         // Probes on the other lanes may hold scratch as large as this one's.
-        let lanes = match inner.resident {
-            Some(_) => self.device.lane_count() as u64,
-            None => 1,
-        };
+        let sharing = lanes.sharing_budget();
         let mut per_part = Vec::with_capacity(self.parts_meta.len());
         for p in 0..self.parts_meta.len() {
             // A streamed part lives on the device for this probe only.
@@ -744,7 +742,7 @@ impl GpuIndex {
                 }
             };
             let held = inner.resident_bytes + part_bytes;
-            let budget = held + self.budget.saturating_sub(held) / lanes;
+            let budget = held + self.budget.saturating_sub(held) / sharing;
             let (first_row, part_rows, ntiles) = self.parts_meta[p];
             let launch = PartLaunch {
                 device,
@@ -868,10 +866,10 @@ impl GpuIndex {
         let (row_radius, active_rows): (Option<Vec<f64>>, Option<Vec<bool>>) = match selection {
             Selection::Nearest(k) if k <= MAX_DEVICE_K => {
                 let wide = (2 * k).max(k + 16).min(MAX_DEVICE_K);
-                let lower = self.with_device(|inner, device| {
+                let lower = self.with_device(|inner, lanes| {
                     self.probe_locked(
                         inner,
-                        device,
+                        lanes,
                         left,
                         Selection::Nearest(wide),
                         options,
@@ -925,10 +923,10 @@ impl GpuIndex {
             Selection::Within(radius) => radius,
         };
         let first_done = started.elapsed().as_secs_f64();
-        let candidates = self.with_device(|inner, device| {
+        let candidates = self.with_device(|inner, lanes| {
             self.probe_locked(
                 inner,
-                device,
+                lanes,
                 left,
                 Selection::Within(within),
                 options,
@@ -1045,7 +1043,7 @@ impl GpuIndex {
     fn probe_large_k(
         &self,
         inner: &Inner,
-        device: &Device,
+        lanes: &Lanes<'_>,
         left: &SparseBatch,
         k: usize,
         options: ProbeOptions,
@@ -1065,7 +1063,7 @@ impl GpuIndex {
             let r1 = (r0 + rows_per_step).min(left.len());
             let all = self.probe_locked(
                 inner,
-                device,
+                lanes,
                 &left.slice(r0, r1 - r0),
                 Selection::Within(everything),
                 options.shifted(r0),

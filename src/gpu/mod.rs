@@ -200,8 +200,9 @@ impl Backend for GpuBackend {
         let mut owner = Vec::with_capacity(chunks.len());
         let mut seen = 0usize;
         for c in &chunks {
-            owner.push(((seen + chunk_nnz(c) / 2) / per_gpu).min(ordinals.len() - 1));
-            seen += chunk_nnz(c);
+            let nnz = chunk_nnz(c);
+            owner.push(((seen + nnz / 2) / per_gpu).min(ordinals.len() - 1));
+            seen += nnz;
         }
         let mut options = self.options.clone();
         if let Some(limit) = options.memory_limit {
