@@ -442,8 +442,6 @@ fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
     bits
 }
 
-/// Rows `start..end` of the right side, as the kernels of `program` read them; `totals` are the
-/// definition's totals of every right row.
 /// How a part is laid out for the kernels: the metric's program, the column ids, the tile
 /// height and the dense columns.
 pub(crate) struct PartShape<'a> {
@@ -453,6 +451,8 @@ pub(crate) struct PartShape<'a> {
     pub(crate) dense: Option<&'a DenseColumns>,
 }
 
+/// Rows `start..end` of the right side, as the kernels of `shape.program` read them; `totals`
+/// are the definition's totals of every right row.
 pub(crate) fn prepare_part(
     right: &SparseBatch,
     totals: &[RowTotals],
