@@ -319,6 +319,87 @@ fn output_is_never_overwritten_by_surprise() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
 }
 
+/// `knn --profile` accounts for the job's time: its phases in order, and the join operator's own
+/// metrics (rows built, the right side's read and build time), which only a run that really
+/// went through the operator can give.
+#[test]
+fn knn_profile_shows_the_phases_and_the_operators_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = generate(dir.path(), "p.parquet", "nytimes", 300, 4);
+    let (p, out) = (path.to_str().unwrap(), dir.path().join("nn.parquet"));
+    let run = run(&[
+        "knn",
+        "--left",
+        p,
+        "--right",
+        p,
+        "--metric",
+        "cosine",
+        "-k",
+        "3",
+        "--device",
+        "cpu",
+        "--output",
+        out.to_str().unwrap(),
+        "--profile",
+    ]);
+    assert!(run.status.success());
+    let err = String::from_utf8(run.stderr).unwrap();
+    let seconds = |label: &str| -> f64 {
+        let line = err
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no '{label}' line in: {err}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let (first, last, total) = (
+        seconds("first pairs"),
+        seconds("last pairs"),
+        seconds("total"),
+    );
+    assert!(first > 0.0 && first <= last && last <= total, "{err}");
+    assert!(seconds("of which waiting on the join") <= last, "{err}");
+    let join = err
+        .lines()
+        .find(|l| {
+            l.trim_start()
+                .starts_with("KnnJoinExec: metric=cosine, k=3, device=cpu")
+        })
+        .unwrap_or_else(|| panic!("no operator line in: {err}"));
+    for metric in [
+        "build_rows=300,",
+        "pairs=900,",
+        "build_read_time=",
+        "build_time=",
+    ] {
+        assert!(join.contains(metric), "{metric} not in {join}");
+    }
+    // Without the flag, only the summary line.
+    let quiet = ok_stderr(&[
+        "knn",
+        "--left",
+        p,
+        "--right",
+        p,
+        "--metric",
+        "cosine",
+        "-k",
+        "3",
+        "--device",
+        "cpu",
+        "--output",
+        out.to_str().unwrap(),
+        "--overwrite",
+    ]);
+    assert_eq!(quiet.trim_end().lines().count(), 1, "{quiet}");
+}
+
+fn ok_stderr(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(out.status.success(), "{args:?} failed");
+    String::from_utf8(out.stderr).unwrap()
+}
+
 /// `knn` output against brute force with `Metric::distance`: per query the k smallest distances,
 /// ranks 1..k, and neighbours that really are at the reported distance.
 fn check_knn(dir: &Path, left: &Path, right: &Path, metric: &str, k: usize, exclude_self: bool) {

@@ -8,6 +8,8 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use clap::Args;
 use datafusion::execution::context::SessionContext;
+use datafusion::physical_plan::display::DisplayableExecutionPlan;
+use datafusion::physical_plan::ExecutionPlan;
 use futures::StreamExt;
 use object_store::buffered::BufWriter;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -62,6 +64,11 @@ pub struct KnnArgs {
     /// --right must be paths the executors can read.
     #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
+    /// At the end, print where the time went: the command's phases (setup, the first and last
+    /// pairs, the output's writes and commit) and the join operator's metrics, as EXPLAIN
+    /// ANALYZE shows them (the right side's read and build, kernel time per GPU, bytes moved).
+    #[arg(long)]
+    pub profile: bool,
 }
 
 impl KnnArgs {
@@ -86,6 +93,7 @@ impl KnnArgs {
 }
 
 pub async fn run(args: KnnArgs) -> CliResult<()> {
+    let setup_started = Instant::now();
     if args.k == 0 {
         cli_bail!("-k must be at least 1");
     }
@@ -127,8 +135,12 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     let right = ctx.table(right_table).await?;
     let k = usize::try_from(args.k).map_err(|_| CliError(format!("-k {} is too large", args.k)))?;
     let df = crate::planner::knn_join(left, right, &args.metric, k, &options_text)?;
+    // The physical plan is kept to read the operator's metrics after the run (--profile).
+    let plan = df.create_physical_plan().await?;
     let mut output = Output::create(&ctx, &output_at, args.overwrite).await?;
+    let setup = setup_started.elapsed();
     let start = Instant::now();
+    let mut phases = Phases::default();
     // Progress counts left rows from output pairs: every left row yields min(k, candidates)
     // pairs (a NULL vector yields none, so the bar may stop short; it is an estimate).
     let candidates = right_rows.saturating_sub(u64::from(
@@ -137,15 +149,25 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     let per_row = args.k.min(candidates).max(1);
     let bar = progress_bar(left_rows, "knn");
     let written = async {
-        let mut stream = df.execute_stream().await?;
+        let mut stream =
+            datafusion::physical_plan::execute_stream(Arc::clone(&plan), ctx.task_ctx())?;
         output.start(stream.schema())?;
         let mut pairs = 0u64;
-        while let Some(batch) = stream.next().await {
+        loop {
+            let waiting = Instant::now();
+            let Some(batch) = stream.next().await else {
+                break;
+            };
+            phases.waited += waiting.elapsed();
             let batch = batch?;
+            phases.first_pairs.get_or_insert_with(|| start.elapsed());
             pairs += batch.num_rows() as u64;
+            let writing = Instant::now();
             output.write(&batch).await?;
+            phases.written += writing.elapsed();
             bar.set_position((pairs / per_row).min(left_rows));
         }
+        phases.last_pairs = start.elapsed();
         Ok::<_, CliError>(pairs)
     }
     .await;
@@ -165,11 +187,14 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
                     let started = std::time::Instant::now();
                     let closed = crate::gpu::close_unused();
                     log::debug!("knn: {closed} GPU(s) closed in {:?}", started.elapsed());
+                    started.elapsed()
                 })
             });
+            let committing = Instant::now();
             let committed = output.commit().await;
+            phases.committed = committing.elapsed();
             if let Some(closing) = closing {
-                let _ = closing.join();
+                phases.gpus_closed = closing.join().ok();
             }
             committed?;
             log::debug!("knn: the output is committed");
@@ -188,7 +213,87 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
         args.metric,
         args.k,
     );
+    if args.profile {
+        eprint!("{}", phases.report(setup, secs, plan.as_ref()));
+    }
     Ok(())
+}
+
+/// Where a `knn` job's time went, for `--profile`.
+#[derive(Debug, Default)]
+struct Phases {
+    /// From the start of the join to its first output batch: the right side read and built,
+    /// the first probe done.
+    first_pairs: Option<std::time::Duration>,
+    /// From the start of the join to its last output batch.
+    last_pairs: std::time::Duration,
+    /// Waiting on the join's stream (the rest of the loop is the output's writes).
+    waited: std::time::Duration,
+    /// Handing batches to the output (local files: encoded on the rayon pool, in order).
+    written: std::time::Duration,
+    /// The output's last row groups, its footer and its rename (or upload) into place.
+    committed: std::time::Duration,
+    /// The GPUs' contexts destroyed beside the commit.
+    gpus_closed: Option<std::time::Duration>,
+}
+
+impl Phases {
+    fn report(&self, setup: std::time::Duration, total: f64, plan: &dyn ExecutionPlan) -> String {
+        let secs = |d: std::time::Duration| d.as_secs_f64();
+        let mut out = String::from("knn profile (seconds):\n");
+        let mut line = |what: &str, value: String| out.push_str(&format!("  {what:<54} {value}\n"));
+        line(
+            "setup (session, inputs registered, plan)",
+            format!("{:.3}", secs(setup)),
+        );
+        line(
+            "first pairs (right side read and built, first probe)",
+            self.first_pairs
+                .map_or("none".into(), |d| format!("{:.3}", secs(d))),
+        );
+        line("last pairs", format!("{:.3}", secs(self.last_pairs)));
+        line(
+            "  of which waiting on the join",
+            format!("{:.3}", secs(self.waited)),
+        );
+        line(
+            "  of which writing the output",
+            format!("{:.3}", secs(self.written)),
+        );
+        line(
+            "output committed in",
+            format!("{:.3}", secs(self.committed)),
+        );
+        if let Some(closed) = self.gpus_closed {
+            line(
+                "GPUs closed in (beside the commit)",
+                format!("{:.3}", secs(closed)),
+            );
+        }
+        line("total (as the summary line)", format!("{total:.3}"));
+        let mut joins = Vec::new();
+        collect_joins(plan, &mut joins);
+        if joins.is_empty() {
+            out.push_str("  (no join operator in this process: its metrics stay with the cluster's executors)\n");
+        }
+        for join in joins {
+            out.push_str(&format!(
+                "  {}\n",
+                DisplayableExecutionPlan::with_metrics(join).one_line()
+            ));
+        }
+        out
+    }
+}
+
+/// The plan's join operators (their metrics are the join's own account of its time).
+fn collect_joins<'a>(plan: &'a dyn ExecutionPlan, joins: &mut Vec<&'a dyn ExecutionPlan>) {
+    if plan.name().ends_with("JoinExec") {
+        joins.push(plan);
+    }
+    for child in plan.children() {
+        collect_joins(child.as_ref(), joins);
+    }
 }
 
 /// The Parquet output, local or in an object store. Either way the result appears at its name
