@@ -49,6 +49,10 @@ struct Args {
     /// `Metric::distance` brute force.
     #[arg(long, default_value_t = 0)]
     check: usize,
+    /// Print a digest of each metric's pairs (left row, right row and distance bits, in order), to
+    /// compare two builds' answers bit for bit.
+    #[arg(long)]
+    digest: bool,
     /// Write the results here as JSON.
     #[arg(long)]
     json: Option<String>,
@@ -197,6 +201,22 @@ fn check_radius(
     );
 }
 
+/// FNV-1a over every pair's left row, right row and distance bits, in order.
+fn digest(pairs: &PairList) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    let mut eat = |x: u64| {
+        for b in x.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    };
+    for i in 0..pairs.len() {
+        eat(pairs.left[i] as u64);
+        eat(pairs.right[i] as u64);
+        eat(pairs.distance[i].to_bits());
+    }
+    h
+}
+
 fn main() {
     let args = Args::parse();
     let array = read_column(&args.parquet, args.column.as_deref());
@@ -264,6 +284,9 @@ fn main() {
             index_bytes as f64 / (1 << 20) as f64,
             pairs.len()
         );
+        if args.digest {
+            println!("    digest: {:016x}", digest(&pairs));
+        }
         if args.check > 0 {
             match args.radius {
                 Some(r) => check_radius(&metric, &right, &left, &pairs, r, args.check),

@@ -81,10 +81,6 @@ fn folded_row_impl<S: Semiring>(
         &mut []
     };
 
-    let finish = |j: usize, acc0: &[f64], acc1: &[f64]| {
-        let a1 = if S::TWO_ACCUMULATORS { acc1[j] } else { 0.0 };
-        s.finish(acc0[j], a1, &left_totals, &index.totals[j])
-    };
     let keep = |j: usize| index.valid[j] & (skip != Some(j));
     match selection {
         Selection::Nearest(k) => {
@@ -94,52 +90,186 @@ fn folded_row_impl<S: Semiring>(
                 out.push(left_row, j, if S::SIMILARITY { -d } else { d });
             }
         }
-        Selection::Within(radius) if index.key_form == KeyForm::Exact => {
-            out.append_kept(left_row, 0..n, |j| {
-                let d = finish(j, acc0, acc1);
-                (within(S::SIMILARITY, d, radius) & keep(j), d)
-            });
-        }
         Selection::Within(radius) => {
-            // Being within the radius is closed downwards in filter order (the distance, negated
-            // for a similarity, never decreases with the filter), so once a row at filter f is
-            // outside, no row at f or above is within, and a block of such rows is skipped.
-            let left = FilterLeft::new(index.key_form, &left_totals);
-            let mut outside_from = f64::INFINITY;
-            let mut filter = [0.0f64; BLOCK];
-            let mut start = 0;
-            while start < n {
-                let len = BLOCK.min(n - start);
-                let filter = &mut filter[..len];
-                let base = &index.key_base[start..start + len];
-                fill_filters(
-                    index.key_form,
-                    &acc0[start..start + len],
-                    base,
-                    left,
-                    filter,
-                );
-                // NaN compares false: such rows are never kept, as their distance is NaN.
-                if filter
-                    .iter()
-                    .fold(false, |any, &f| any | (f < outside_from))
-                {
-                    out.append_kept(left_row, start..start + len, |j| {
-                        let f = filter[j - start];
-                        let d = finish(j, acc0, acc1);
-                        let inside = within(S::SIMILARITY, d, radius);
-                        if !inside & !d.is_nan() & (f < outside_from) {
-                            outside_from = f;
-                        }
-                        (inside & (f < outside_from) & keep(j), d)
-                    });
-                }
-                start += len;
-            }
+            select_within(
+                s,
+                index,
+                &left_totals,
+                acc0,
+                acc1,
+                skip,
+                radius,
+                left_row,
+                out,
+            );
         }
     }
     acc0.fill(0.0);
     acc1.fill(0.0);
+}
+
+/// Appends every kept right row within `radius` of the left row, by right row, block by block:
+/// a block's distances are finished in one vectorised loop (every row's, whether kept or not) and
+/// the kept rows written without a branch per row.
+///
+/// Being within the radius is closed downwards in filter order (the distance, negated for a
+/// similarity, never decreases with the filter), so once a row at filter f is outside, no row at
+/// f or above is within, and a block of such rows is skipped whole (see [`Outside`]).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn select_within<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
+    left_totals: &RowTotals,
+    acc0: &[f64],
+    acc1: &[f64],
+    skip: Option<usize>,
+    radius: f64,
+    left_row: u32,
+    out: &mut PairList,
+) {
+    let n = index.rows;
+    let (totals, valid) = (&index.totals[..n], &index.valid[..n]);
+    let form = index.key_form;
+    let left = FilterLeft::new(form, left_totals);
+    let skip = skip.unwrap_or(usize::MAX);
+    let mut outside = Outside::default();
+    let mut filter = [0.0f64; BLOCK];
+    let mut dist = [0.0f64; BLOCK];
+    let (mut t0, mut t1) = ([0.0f64; BLOCK], [0.0f64; BLOCK]);
+    let mut keep = [false; BLOCK];
+    let mut pairs = out.row(left_row);
+    let mut start = 0;
+    while start < n {
+        let len = BLOCK.min(n - start);
+        let rows = start..start + len;
+        let (filter, dist, keep) = (&mut filter[..len], &mut dist[..len], &mut keep[..len]);
+        let a0 = &acc0[rows.clone()];
+        if form != KeyForm::Exact {
+            fill_filters(form, a0, &index.key_base[rows.clone()], left, filter);
+            // NaN compares false: such rows are never kept, as their distance is NaN.
+            if !filter
+                .iter()
+                .fold(false, |any, &f| any | (f < outside.from))
+            {
+                start += len;
+                continue;
+            }
+        }
+        // The right rows' totals apart first: the finishing loop then reads contiguous values
+        // and vectorises whole (reading them with a stride of two left its last rows scalar).
+        let (t0, t1) = (&mut t0[..len], &mut t1[..len]);
+        for ((t, t0), t1) in totals[rows.clone()]
+            .iter()
+            .zip(t0.iter_mut())
+            .zip(t1.iter_mut())
+        {
+            (*t0, *t1) = (t.t0, t.t1);
+        }
+        if S::TWO_ACCUMULATORS {
+            let a1 = &acc1[rows.clone()];
+            for i in 0..len {
+                let right = RowTotals {
+                    t0: t0[i],
+                    t1: t1[i],
+                };
+                dist[i] = s.finish(a0[i], a1[i], left_totals, &right);
+            }
+        } else {
+            for i in 0..len {
+                let right = RowTotals {
+                    t0: t0[i],
+                    t1: t1[i],
+                };
+                dist[i] = s.finish(a0[i], 0.0, left_totals, &right);
+            }
+        }
+        for (k, &d) in keep.iter_mut().zip(dist.iter()) {
+            *k = within(S::SIMILARITY, d, radius);
+        }
+        if form != KeyForm::Exact {
+            outside.block(filter, dist, keep);
+        }
+        let v = &valid[rows];
+        for (i, (k, &v)) in keep.iter_mut().zip(v).enumerate() {
+            *k &= v & (start + i != skip);
+        }
+        pairs.push_kept(start, dist, keep);
+        start += len;
+    }
+}
+
+/// The filter's part of a radius join's choice: a row within the radius is kept only if its
+/// filter is below `from`, the least filter of the rows found outside the radius so far (not NaN
+/// either), taken in row order. As the distance never decreases with the filter, that never drops
+/// a row, and it lets a block whose rows all lie at `from` or above be skipped. [`Outside::block`]
+/// checks a whole block at once, with vector instructions, and only a block where the rule would
+/// drop a row is redone row by row ([`Outside::block_by_row`]): the pairs are exactly those of
+/// the row by row rule.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Outside {
+    pub(crate) from: f64,
+}
+
+impl Default for Outside {
+    fn default() -> Self {
+        Outside {
+            from: f64::INFINITY,
+        }
+    }
+}
+
+/// An integer that orders as the double does (`<` of IEEE), for doubles that are not NaN: minima
+/// and maxima of integers vectorise, those of doubles (with their NaN rules) did not. A zero of
+/// either sign gives the key of +0, as they compare equal.
+#[inline(always)]
+fn order_key(f: f64) -> i64 {
+    let bits = (f + 0.0).to_bits() as i64;
+    bits ^ ((bits >> 63) & i64::MAX)
+}
+
+/// The double of an [`order_key`].
+#[inline(always)]
+fn from_order_key(key: i64) -> f64 {
+    f64::from_bits((key ^ ((key >> 63) & i64::MAX)) as u64)
+}
+
+impl Outside {
+    /// One block's rows in order: `inside[i]` (the row within the radius) stays only if
+    /// `filter[i]` is below the least filter of the rows outside before it; `from` takes the
+    /// block's rows outside.
+    #[inline(always)]
+    pub(crate) fn block(&mut self, filter: &[f64], dist: &[f64], inside: &mut [bool]) {
+        let len = filter.len();
+        let (dist, inside) = (&dist[..len], &mut inside[..len]);
+        // The least key of the rows outside (with `from`), the largest of the rows inside; NaN
+        // filters take the largest key: outside they are passed over (`f < from` fails), inside
+        // they send the block to the row by row rule.
+        let (mut least_out, mut most_in) = (order_key(self.from), i64::MIN);
+        for i in 0..len {
+            let (f, d, k) = (filter[i], dist[i], inside[i]);
+            let key = if f.is_nan() { i64::MAX } else { order_key(f) };
+            least_out = least_out.min(if !k & !d.is_nan() { key } else { i64::MAX });
+            most_in = most_in.max(if k { key } else { i64::MIN });
+        }
+        if most_in < least_out {
+            // Every row inside lies below every row outside (and `from`): none is dropped.
+            self.from = from_order_key(least_out);
+        } else {
+            self.block_by_row(filter, dist, inside);
+        }
+    }
+
+    /// [`Outside::block`]'s rule row by row.
+    #[cold]
+    pub(crate) fn block_by_row(&mut self, filter: &[f64], dist: &[f64], inside: &mut [bool]) {
+        for ((&f, &d), k) in filter.iter().zip(dist).zip(inside.iter_mut()) {
+            if !*k & !d.is_nan() & (f < self.from) {
+                self.from = f;
+            }
+            *k &= f < self.from;
+        }
+    }
 }
 
 /// Step 1 for one left row: `ws.acc0[j]` (and `acc1`) get the folded sum over the columns the

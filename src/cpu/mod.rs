@@ -6,6 +6,7 @@ mod chebyshev;
 mod folded;
 mod index;
 mod probe;
+mod ranges;
 mod vectors;
 
 use std::time::Instant;

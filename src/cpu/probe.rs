@@ -5,22 +5,23 @@
 //! then every right row is finished and offered to a top-k (or a radius filter). Only k pairs
 //! per left row ever exist; the m×n matrix is never materialised.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use super::certified::{certified_row, CertifiedScratch};
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
+use super::ranges::Ranges;
 use super::vectors::Vectors;
 use crate::join::{within, Cancel, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{Reduction, Semiring};
 use crate::vector::SparseBatch;
 
-/// Rows per parallel task: small enough to balance skewed degrees across cores.
-const ROWS_PER_TASK: usize = 8;
-
-/// Pairs below which consecutive tasks' lists are joined into one part: a part becomes a record
-/// batch, and a knn task's 8 rows make only 8k pairs.
+/// Pairs below which consecutive lists are joined into one part: a part becomes a record batch,
+/// and a worker's run of rows may be short (the rest of its range taken by another worker).
 const MIN_PART_PAIRS: usize = 1 << 16;
 
 impl<S: Semiring> CpuKernels for S {
@@ -82,57 +83,139 @@ fn probe_with<S: Semiring>(
     cancel: &Cancel,
     vectors: Vectors,
 ) -> Vec<PairList> {
-    let rows = left.len();
-    let chunks: Vec<PairList> = (0..rows.div_ceil(ROWS_PER_TASK))
-        .into_par_iter()
-        .map_init(
-            || Workspace::new::<S>(index),
-            |ws, chunk| {
-                let start = chunk * ROWS_PER_TASK;
-                let end = (start + ROWS_PER_TASK).min(rows);
-                let mut out = PairList::default();
-                // Once cancelled, the remaining tasks do nothing (the caller returns an error).
-                if cancel.is_cancelled() {
-                    return out;
+    let ranges = Ranges::new(left.len(), rayon::current_num_threads());
+    let lists = Lists::new(index.rows, selection);
+    // One worker a thread, each taking its range's rows in order (and, once done, half of the
+    // fullest range left): a run of consecutive rows writes one list.
+    (0..ranges.workers()).into_par_iter().for_each(|w| {
+        let mut ws = Workspace::new::<S>(index);
+        let mut run = Run::default();
+        // Once cancelled, the remaining rows are not probed (the caller returns an error).
+        loop {
+            let Some(row) = ranges.next(w).filter(|_| !cancel.is_cancelled()) else {
+                lists.done(std::mem::take(&mut run));
+                if !cancel.is_cancelled() && ranges.steal(w) {
+                    continue;
                 }
-                cancel.add_rows(end - start);
-                for row in start..end {
-                    if left.is_null(row) {
-                        continue;
-                    }
-                    let skip = options.excluded_right_row(row, index.rows);
-                    if index.union_sum {
-                        certified_row(
-                            vectors,
-                            s,
-                            index,
-                            left.row(row),
-                            row as u32,
-                            skip,
-                            selection,
-                            &mut ws.folded,
-                            &mut ws.certified,
-                            &mut out,
-                        );
-                    } else {
-                        probe_row(
-                            vectors,
-                            s,
-                            index,
-                            left.row(row),
-                            row as u32,
-                            skip,
-                            selection,
-                            ws,
-                            &mut out,
-                        );
-                    }
-                }
-                out
+                break;
+            };
+            cancel.add_rows(1);
+            if run.first.is_none() || lists.full(&run.pairs) {
+                // A run's first row, or a list without room for another row: a new list, sized
+                // by the pairs a row found so far for the rows the worker holds.
+                lists.done(std::mem::take(&mut run));
+                run = lists.start(row, ranges.held(w) + 1);
+            }
+            if left.is_null(row) {
+                continue;
+            }
+            let before = run.pairs.len();
+            let skip = options.excluded_right_row(row, index.rows);
+            let out = &mut run.pairs;
+            let left_row = (left.row(row), row as u32);
+            probe_row(vectors, s, index, left_row, skip, selection, &mut ws, out);
+            lists.found(out.len() - before);
+        }
+    });
+    join_small(lists.into_parts())
+}
+
+/// The pairs of a run of consecutive left rows, from `first`.
+#[derive(Debug, Default)]
+struct Run {
+    first: Option<usize>,
+    pairs: PairList,
+}
+
+/// The lists a probe's workers write, and what sizes them: a list is reserved once for the rows
+/// its worker holds, at the pairs a row found so far (plus a quarter), so that a radius join's
+/// pairs are written once, into fresh memory of about the right size in huge pages, not grown
+/// by copying; a list without room for one more row at the worst case seen so far is ended and
+/// a new one started.
+struct Lists {
+    selection: Selection,
+    /// Pairs a left row can have: every right row, or k.
+    most_a_row: usize,
+    rows_done: AtomicUsize,
+    pairs_done: AtomicUsize,
+    /// The most pairs one row found.
+    most_found: AtomicUsize,
+    done: Mutex<Vec<(usize, PairList)>>,
+}
+
+/// Pairs a list starts with before any row is done (a radius join's first rows grow it).
+const FIRST_LIST_PAIRS: usize = 1 << 16;
+
+impl Lists {
+    fn new(right_rows: usize, selection: Selection) -> Self {
+        Lists {
+            selection,
+            most_a_row: match selection {
+                Selection::Nearest(k) => k.min(right_rows),
+                Selection::Within(_) => right_rows,
             },
-        )
-        .collect();
-    join_small(chunks)
+            rows_done: AtomicUsize::new(0),
+            pairs_done: AtomicUsize::new(0),
+            most_found: AtomicUsize::new(0),
+            done: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A new run from left row `first`, its list reserved for `rows` rows (a knn list for at
+    /// most `MIN_PART_PAIRS` pairs: a part becomes a record batch, and small ones cost nothing
+    /// to write).
+    fn start(&self, first: usize, rows: usize) -> Run {
+        let rows = match self.selection {
+            Selection::Nearest(k) => rows.min(MIN_PART_PAIRS.div_ceil(k.max(1))),
+            Selection::Within(_) => rows,
+        };
+        let done = self.rows_done.load(Ordering::Relaxed);
+        let pairs = if done == 0 {
+            FIRST_LIST_PAIRS.min(rows.saturating_mul(self.most_a_row))
+        } else {
+            let per_row = self.pairs_done.load(Ordering::Relaxed).div_ceil(done);
+            let pairs = rows.saturating_mul(per_row);
+            (pairs.saturating_add(pairs / 4)).max(self.most_found.load(Ordering::Relaxed))
+        };
+        Run {
+            first: Some(first),
+            pairs: PairList::with_capacity(pairs.min(rows.saturating_mul(self.most_a_row))),
+        }
+    }
+
+    /// Whether `pairs` lacks room for one more row at the most pairs a row found so far.
+    fn full(&self, pairs: &PairList) -> bool {
+        let room = pairs.capacity() - pairs.len();
+        self.rows_done.load(Ordering::Relaxed) > 0 && room < self.most_found.load(Ordering::Relaxed)
+    }
+
+    /// A row found `pairs` pairs.
+    fn found(&self, pairs: usize) {
+        self.pairs_done.fetch_add(pairs, Ordering::Relaxed);
+        self.rows_done.fetch_add(1, Ordering::Relaxed);
+        self.most_found.fetch_max(pairs, Ordering::Relaxed);
+    }
+
+    /// A run is over (a default one, never started, is dropped).
+    fn done(&self, run: Run) {
+        let Some(first) = run.first else { return };
+        let mut pairs = run.pairs;
+        pairs.shrink_to_fit();
+        self.done
+            .lock()
+            .expect("no worker panics holding it")
+            .push((first, pairs));
+    }
+
+    /// Every run's list, in left row order.
+    fn into_parts(self) -> Vec<PairList> {
+        let mut done = self
+            .done
+            .into_inner()
+            .expect("no worker panicked holding it");
+        done.sort_unstable_by_key(|&(first, _)| first);
+        done.into_iter().map(|(_, pairs)| pairs).collect()
+    }
 }
 
 /// Consecutive lists joined until each holds at least `MIN_PART_PAIRS` (the last may hold
@@ -189,29 +272,28 @@ impl Workspace {
     }
 }
 
+/// One left row (its vector and its number in the batch): its pairs are appended to `out`.
 #[allow(clippy::too_many_arguments)]
 fn probe_row<S: Semiring>(
     vectors: Vectors,
     s: &S,
     index: &CpuIndex,
-    row: (&[i32], &[f32]),
-    left_row: u32,
+    (row, left_row): ((&[i32], &[f32]), u32),
     skip: Option<usize>,
     selection: Selection,
     ws: &mut Workspace,
     out: &mut PairList,
 ) {
+    let (folded, certified) = (&mut ws.folded, &mut ws.certified);
+    if index.union_sum {
+        certified_row(
+            vectors, s, index, row, left_row, skip, selection, folded, certified, out,
+        );
+        return;
+    }
     if S::REDUCTION == Reduction::Sum {
         folded_row(
-            vectors,
-            s,
-            index,
-            row,
-            left_row,
-            skip,
-            selection,
-            &mut ws.folded,
-            out,
+            vectors, s, index, row, left_row, skip, selection, folded, out,
         );
         return;
     }

@@ -432,3 +432,71 @@ fn every_vector_width_gives_the_same_bits() {
         }
     }
 }
+
+/// A radius join's filter rule checked a block at once (`Outside::block`) keeps exactly the rows
+/// of the rule taken row by row, also where the distance does not follow the filter (which the
+/// metrics' filters never do: the block is then redone row by row), with NaNs, zeros of both
+/// signs and ties.
+#[test]
+fn a_block_of_the_radius_filter_rule_keeps_the_rows_of_the_rule_row_by_row() {
+    use super::folded::Outside;
+    let mut rng = StdRng::seed_from_u64(21);
+    let values = [
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        1.0,
+        2.0,
+        f64::NAN,
+        f64::INFINITY,
+        -1.5,
+    ];
+    let mut redone = 0;
+    for case in 0..20_000 {
+        let len = rng.random_range(1..=64);
+        let pick = |rng: &mut StdRng| {
+            if rng.random_bool(0.5) {
+                values[rng.random_range(0..values.len())]
+            } else {
+                rng.random_range(-2.0..2.0)
+            }
+        };
+        let filter: Vec<f64> = (0..len).map(|_| pick(&mut rng)).collect();
+        // Mostly a distance that follows the filter (as every metric's does), sometimes not.
+        let follows = case % 4 != 0;
+        let dist: Vec<f64> = filter
+            .iter()
+            .map(|&f| if follows { f + 0.25 } else { pick(&mut rng) })
+            .collect();
+        let radius = pick(&mut rng);
+        let inside: Vec<bool> = dist.iter().map(|&d| d <= radius).collect();
+        let from = if rng.random_bool(0.3) {
+            f64::INFINITY
+        } else {
+            pick(&mut rng)
+        };
+        let from = if from.is_nan() { f64::INFINITY } else { from };
+        let (mut block, mut by_row) = (inside.clone(), inside.clone());
+        let mut a = Outside { from };
+        a.block(&filter, &dist, &mut block);
+        let mut b = Outside { from };
+        b.block_by_row(&filter, &dist, &mut by_row);
+        assert_eq!(
+            block, by_row,
+            "case {case}: {filter:?} {dist:?} {radius} {from}"
+        );
+        // The least filter outside, the same up to the sign of a zero (which no comparison sees).
+        assert!(
+            a.from == b.from || (a.from.is_nan() && b.from.is_nan()),
+            "case {case}: from {} against {}",
+            a.from,
+            b.from
+        );
+        redone += (block != inside) as usize;
+    }
+    assert!(
+        redone > 100,
+        "the row by row rule dropped rows in only {redone} cases"
+    );
+}

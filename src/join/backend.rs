@@ -15,7 +15,7 @@ use crate::vector::SparseBatch;
 #[derive(Debug, Default)]
 pub struct Probed {
     /// The pairs in consecutive lists, each of whole left rows, in left row order: a CPU probe
-    /// hands on its tasks' lists as they are (a radius join's pairs run to hundreds of MB, which
+    /// hands on its workers' lists as they are (a radius join's pairs run to hundreds of MB, which
     /// one list would write a second time), and the operator makes a record batch of each.
     pub parts: Vec<PairList>,
     /// Time spent computing (kernel time on a GPU, wall time of the probe on the CPU).

@@ -17,7 +17,7 @@ pub use backend::{build_shards, join_shards, Backend, JoinIndex, Probed};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use exclusion::KeyGroups;
 pub use merge::{merge_nearest, merge_within};
-pub use pairs::PairList;
+pub use pairs::{PairList, RowPairs};
 pub use replicated::ReplicatedIndex;
 pub use selection::{within, ProbeOptions, Selection};
 pub use sharded::{join_pieces, max_chunk_nnz, split_row_ranges, split_rows, Shard, ShardedIndex};
