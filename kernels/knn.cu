@@ -80,6 +80,53 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_sums, u32* 
     return before;
 }
 
+// Entries per thread of the folded kernels' segment map (`seg_map`: SEG_ITEMS * blockDim.x u16
+// in shared memory; `launch::SEG_MAP_ITEMS` on the host sizes it).
+#define SEG_ITEMS 4
+// A chunk's segments come from the map when it has at least SEG_MAP_MIN_ITEMS work items and
+// more than SEG_MAP_MIN_SEGMENTS segments (`kernels::seg_map_rule` on the host).
+#ifndef SEG_MAP_MIN_ITEMS
+#define SEG_MAP_MIN_ITEMS 513u
+#define SEG_MAP_MIN_SEGMENTS 64u
+#endif
+
+// Inclusive max-scan, in place, of the block's SEG_ITEMS * blockDim.x entries of `m`, each thread
+// owning SEG_ITEMS consecutive ones; every entry also becomes at least `seed`. `warp_max` holds
+// 32 words of shared memory.
+__device__ __forceinline__ void block_max_scan(unsigned short* m, u32 seed, u32* warp_max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    ushort4 v = reinterpret_cast<ushort4*>(m)[threadIdx.x];
+    const u32 a = max(seed, (u32)v.x), b = max(a, (u32)v.y), c = max(b, (u32)v.z),
+              d = max(c, (u32)v.w);
+    u32 x = d;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x = max(x, y);
+    }
+    u32 prev = __shfl_up_sync(0xffffffffu, x, 1);
+    if (lane == 0) prev = 0;
+    if (lane == 31) warp_max[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        u32 w = lane < nwarps ? warp_max[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w = max(w, y);
+        }
+        warp_max[lane] = w;
+    }
+    __syncthreads();
+    const u32 before = max(prev, warp > 0 ? warp_max[warp - 1] : 0u);
+    v.x = (unsigned short)max(before, a);
+    v.y = (unsigned short)max(before, b);
+    v.z = (unsigned short)max(before, c);
+    v.w = (unsigned short)max(before, d);
+    reinterpret_cast<ushort4*>(m)[threadIdx.x] = v;
+    __syncthreads();
+}
+
 // Sum (MAX = false) or max over the block, in a fixed order: the same bits on every run.
 template <bool MAX> __device__ __forceinline__ double block_reduce(double v, double* scratch) {
 #pragma unroll
@@ -284,7 +331,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const bool MAXRED = METRIC_REDUCTION_MAX;
     const bool TWO = MetricDef::TWO || MAXRED;
     // Shared memory: acc0[tile] (acc1[tile]) | cand_key[cap] cand_row[cap] (knn) |
-    // seg_start[B] seg_off[B] seg_x[B] seg_rank[B]
+    // seg_start[B] seg_off[B] seg_x[B] seg_rank[B] | seg_map[SEG_ITEMS * B] (u16)
     long long* acc0 = (long long*)smem;
     long long* acc1 = acc0 + tile_rows;
     u64* cand_key = (u64*)(acc0 + (TWO ? 2 : 1) * tile_rows);
@@ -293,6 +340,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     u32* seg_off = seg_start + B;
     float* seg_x = (float*)(seg_off + B);
     u32* seg_rank = (u32*)(seg_x + B);
+    unsigned short* seg_map = (unsigned short*)(seg_rank + B);
     __shared__ u32 warp_sums[32];
     __shared__ double red[32];
     __shared__ int s_count;
@@ -389,16 +437,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 seg_rank[threadIdx.x] = rank;
                 __syncthreads();
                 const int nseg = min(B, deg - c0);
-                // Work item q of the flattened chunk: its segment is the last with seg_off <= q
-                // (a binary search in shared memory). Tried on the device: one broadcast search
-                // per warp-group of 32 items instead was 10% slower on scrna (the shared-memory
-                // atomics, not the search, are the cost), so the plain form stays.
-                for (u32 q = threadIdx.x; q < total; q += B) {
-                    int lo = 0, hi = nseg - 1;
-                    while (lo < hi) {
-                        int mid = (lo + hi + 1) >> 1;
-                        if (seg_off[mid] <= q) lo = mid; else hi = mid - 1;
-                    }
+                // One work item: entry `pos` of the right side's lists, in segment `lo`.
+                auto walk = [&](u32 q, int lo) {
                     u32 pos = seg_start[lo] + (q - seg_off[lo]);
                     int j = (int)col_rows[pos] - tile_first;
                     const double x = seg_x[lo], y = col_vals[pos];
@@ -413,6 +453,40 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     } else {
                         fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow, cbits);
                         if (TWO) fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1, a.overflow);
+                    }
+                };
+                // Work item q of the flattened chunk belongs to the last segment with seg_off <= q.
+                if (total >= SEG_MAP_MIN_ITEMS && (u32)nseg > SEG_MAP_MIN_SEGMENTS) {
+                    // Several rounds over many segments (by default): each item's segment from a
+                    // map, SEG_ITEMS * B items at a time (every non-empty segment marks its first
+                    // item, a block-wide max-scan fills in the rest): a few instructions an item,
+                    // where a binary search over the segments takes up to 9 dependent
+                    // shared-memory steps (the kernels are issue-bound, integer ALU the busiest
+                    // pipe: calls O and AO).
+                    const u32 win = SEG_ITEMS * (u32)B;
+                    u32 carry = 0;
+                    for (u32 w0 = 0; w0 < total; w0 += win) {
+                        for (u32 i = threadIdx.x; i < win; i += B) seg_map[i] = 0;
+                        __syncthreads();
+                        if (len > 0 && off >= w0 && off - w0 < win)
+                            seg_map[off - w0] = (unsigned short)(threadIdx.x + 1);
+                        __syncthreads();
+                        block_max_scan(seg_map, carry, warp_sums);
+                        const u32 wlen = min(win, total - w0);
+                        for (u32 i = threadIdx.x; i < wlen; i += B) walk(w0 + i, (int)seg_map[i] - 1);
+                        carry = seg_map[wlen - 1];
+                        __syncthreads();
+                    }
+                } else {
+                    // Otherwise a binary search in shared memory. (Tried on the device: one
+                    // broadcast search per warp-group of 32 items instead was 10% slower on scrna.)
+                    for (u32 q = threadIdx.x; q < total; q += B) {
+                        int lo = 0, hi = nseg - 1;
+                        while (lo < hi) {
+                            int mid = (lo + hi + 1) >> 1;
+                            if (seg_off[mid] <= q) lo = mid; else hi = mid - 1;
+                        }
+                        walk(q, lo);
                     }
                 }
                 __syncthreads();

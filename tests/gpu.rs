@@ -297,6 +297,22 @@ fn every_metric_matches_cpu_many_tiles() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn every_metric_matches_cpu_with_the_segment_map_everywhere() {
+    if !gpu_or_skip() {
+        return;
+    }
+    // The kernels find each work item's segment in a block-wide map for chunks of many items
+    // over many segments, by a binary search otherwise; here every chunk takes the map (windows
+    // cut short, one segment, empty segments), small tiles so chunks cross tile boundaries.
+    std::env::set_var("SPARSE_KNN_GPU_SEG_MAP", "always");
+    std::env::set_var("SPARSE_KNN_GPU_TILE_ROWS", "256");
+    check_all_metrics(5, 200, 3000, 700, 7, GpuOptions::default());
+    std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+    std::env::remove_var("SPARSE_KNN_GPU_SEG_MAP");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn every_metric_matches_cpu_under_memory_limit() {
     if !gpu_or_skip() {
         return;

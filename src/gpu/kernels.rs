@@ -132,14 +132,31 @@ fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n{}{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
+        seg_map_rule().0,
+        seg_map_rule().1,
         super::prepare::dense_defines(),
         FoldedArgs::cuda_declaration(),
         DenseArgs::cuda_declaration(),
         DenseFillArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
+}
+
+/// When the folded kernels find each work item's segment in a map rather than by a binary
+/// search, as `#define`s: `(items, segments)`, the map where a chunk has at least `items` work
+/// items and more than `segments` segments (left nonzeros). By default, more than one round of
+/// the block and more than 64 segments: the search takes log2(segments) steps an item, the map a
+/// fixed share of each window (calls AQ, AR on an H100: movielens 5% and nytimes 7-9% faster
+/// with the map; secedgar, at most 50 segments a chunk, 1-3% slower).
+/// `SPARSE_KNN_GPU_SEG_MAP=always` or `never` overrides it (tests, benchmarks).
+fn seg_map_rule() -> (u32, u32) {
+    match std::env::var("SPARSE_KNN_GPU_SEG_MAP").as_deref() {
+        Ok("always") => (1, 0),
+        Ok("never") => (u32::MAX, u32::MAX),
+        _ => (FOLDED_THREADS + 1, 64),
+    }
 }
 
 /// Whether NVRTC (libnvrtc) can be loaded; cudarc panics on a missing library, so ask first.

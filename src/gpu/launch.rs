@@ -33,8 +33,15 @@ pub(crate) fn cap_for(k: usize, threads: u32) -> usize {
 /// Bytes of shared memory the folded kernels use beside the accumulators: the top-k candidates
 /// (a 64-bit key and a 32-bit row each) and the per-thread segment scratch.
 pub(crate) fn folded_fixed_smem(k: usize) -> usize {
-    cap_for(k, FOLDED_THREADS) * 12 + FOLDED_THREADS as usize * 16
+    cap_for(k, FOLDED_THREADS) * 12 + FOLDED_THREADS as usize * SEG_BYTES_PER_THREAD
 }
+
+/// Entries per thread of the kernels' segment map (`SEG_ITEMS` in kernels/knn.cu).
+pub(crate) const SEG_MAP_ITEMS: usize = 4;
+
+/// Shared memory per thread for the segments of a chunk of left nonzeros: start, offset, value
+/// and rank (4 bytes each), and the segment map's u16 entries.
+pub(crate) const SEG_BYTES_PER_THREAD: usize = 16 + 2 * SEG_MAP_ITEMS;
 
 /// Everything a launch needs that does not change from chunk to chunk of one part.
 pub(crate) struct PartLaunch<'a> {
@@ -221,7 +228,8 @@ impl PartLaunch<'_> {
                 let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * program.acc_bytes()
                     + if knn { cap * 12 } else { 0 }
-                    + FOLDED_THREADS as usize * 16) as u32;
+                    + FOLDED_THREADS as usize * SEG_BYTES_PER_THREAD)
+                    as u32;
                 let f = device.function(program, name, smem)?;
                 if log::log_enabled!(log::Level::Debug) {
                     log::debug!(
