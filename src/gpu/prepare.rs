@@ -494,10 +494,21 @@ pub(crate) fn prepare_part(
     // rows counts its entries per column, the counts give every (column, chunk) its own output
     // range in row order, and the chunks fill their ranges at once.
     let ncols = columns.len();
-    let nchunks = (rayon::current_num_threads() * 2)
+    // One chunk a core, cut at equal entries (rows of power-law degrees cut at equal rows needed
+    // two chunks a core to keep the cores even): each chunk holds a count and a first slot per
+    // column, as much work for a GPU's shard as for the whole right side (194K columns at the
+    // movielens shape), so fewer chunks keep that fixed part small.
+    let nchunks = rayon::current_num_threads()
         .min((256 << 20) / (ncols.max(1) * 4))
         .clamp(1, rows.max(1));
-    let bounds: Vec<usize> = (0..=nchunks).map(|i| start + rows * i / nchunks).collect();
+    let offsets = &right.offsets()[start..=end];
+    let bounds: Vec<usize> = (0..=nchunks)
+        .map(|i| match i {
+            // (the last bound takes the empty rows at the end too)
+            i if i == nchunks => end,
+            i => start + offsets.partition_point(|&o| (o as usize) < o0 + (o1 - o0) * i / nchunks),
+        })
+        .collect();
     let chunk_counts: Vec<Vec<u32>> = (0..nchunks)
         .into_par_iter()
         .map(|ch| {
@@ -747,17 +758,29 @@ mod tests {
     use super::*;
     use crate::metric::{Metric, MetricKind, Semiring};
 
-    /// The parallel CSC (counts, column starts per chunk, fill) against the plain one: every
-    /// column's entries in row order, and each tile's split point.
+    /// The parallel CSC (counts, column starts per chunk cut at equal entries, fill) against the
+    /// plain one: every column's entries in row order, and each tile's split point; for the whole
+    /// batch and for parts of it (a range starting inside, one ending in a run of empty rows, one
+    /// of empty rows only), on one core and on several.
     #[test]
     fn the_inverted_index_equals_a_plain_transpose() {
         let ncols = 10_000usize; // more than one block of columns
         let mut rng = StdRng::seed_from_u64(12345);
-        let rows: Vec<Vec<(i32, f32)>> = (0..3_000)
-            .map(|_| {
-                let mut cols: Vec<i32> = (0..rng.random_range(0..40))
+        let mut rows: Vec<Vec<(i32, f32)>> = (0..3_000)
+            .map(|r| {
+                // Power-law degrees, so that equal rows and equal entries cut differently.
+                let deg = if r % 97 == 0 {
+                    900
+                } else {
+                    rng.random_range(0..40)
+                };
+                let mut cols: Vec<i32> = (0..deg)
                     .map(|_| rng.random_range(0..ncols as i32))
                     .collect();
+                // A popular column, in many rows of every tile.
+                if r % 3 == 0 {
+                    cols.push(7);
+                }
                 cols.sort_unstable();
                 cols.dedup();
                 // Some stored zeros, which the index leaves out.
@@ -766,45 +789,58 @@ mod tests {
                     .collect()
             })
             .collect();
+        rows.extend(std::iter::repeat_n(Vec::new(), 50));
         let right = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
         let metric = Metric::from_kind(MetricKind::Cosine, None, None).unwrap();
         let tile_rows = 256;
-        let part = crate::with_semiring!(metric, s => {
-            let totals: Vec<RowTotals> = (0..right.len())
-                .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
-                .collect();
-            let program = MetricProgram::of(&s);
-            let shape = PartShape {
-                program: &program,
-                columns: &ColumnMap::Direct(ncols),
-                tile_rows,
-                dense: None,
-            };
-            prepare_part(&right, &totals, 0, right.len(), &shape)
-        });
-        let mut columns: Vec<Vec<(u32, f32)>> = vec![Vec::new(); ncols];
-        for (r, row) in rows.iter().enumerate() {
-            for &(c, v) in row {
-                if v != 0.0 {
-                    columns[c as usize].push((r as u32, v));
+        let n = rows.len();
+        for (start, end) in [(0, n), (1_234, 2_900), (2_500, n), (3_010, n)] {
+            for threads in [1, 3, 8] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let part = pool.install(|| {
+                    crate::with_semiring!(metric, s => {
+                        let totals: Vec<RowTotals> = (0..right.len())
+                            .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
+                            .collect();
+                        let program = MetricProgram::of(&s);
+                        let shape = PartShape {
+                            program: &program,
+                            columns: &ColumnMap::Direct(ncols),
+                            tile_rows,
+                            dense: None,
+                        };
+                        prepare_part(&right, &totals, start, end, &shape)
+                    })
+                });
+                let mut columns: Vec<Vec<(u32, f32)>> = vec![Vec::new(); ncols];
+                for (r, row) in rows[start..end].iter().enumerate() {
+                    for &(c, v) in row {
+                        if v != 0.0 {
+                            columns[c as usize].push((r as u32, v));
+                        }
+                    }
                 }
-            }
-        }
-        let ntiles = part.ntiles;
-        assert_eq!(ntiles, rows.len().div_ceil(tile_rows));
-        for (c, want) in columns.iter().enumerate() {
-            let tp = &part.tile_ptr[c * (ntiles + 1)..(c + 1) * (ntiles + 1)];
-            let (s, e) = (tp[0] as usize, tp[ntiles] as usize);
-            let got: Vec<(u32, f32)> = (s..e)
-                .map(|i| (part.col_rows[i], part.col_vals[i]))
-                .collect();
-            assert_eq!(&got, want, "column {c}");
-            for t in 0..ntiles {
-                let inside = &part.col_rows[tp[t] as usize..tp[t + 1] as usize];
-                assert!(
-                    inside.iter().all(|&r| r as usize / tile_rows == t),
-                    "column {c}, tile {t}"
-                );
+                let ntiles = part.ntiles;
+                let at = format!("rows {start}..{end} on {threads} threads");
+                assert_eq!(ntiles, (end - start).div_ceil(tile_rows).max(1), "{at}");
+                for (c, want) in columns.iter().enumerate() {
+                    let tp = &part.tile_ptr[c * (ntiles + 1)..(c + 1) * (ntiles + 1)];
+                    let (s, e) = (tp[0] as usize, tp[ntiles] as usize);
+                    let got: Vec<(u32, f32)> = (s..e)
+                        .map(|i| (part.col_rows[i], part.col_vals[i]))
+                        .collect();
+                    assert_eq!(&got, want, "column {c}, {at}");
+                    for t in 0..ntiles {
+                        let inside = &part.col_rows[tp[t] as usize..tp[t + 1] as usize];
+                        assert!(
+                            inside.iter().all(|&r| r as usize / tile_rows == t),
+                            "column {c}, tile {t}, {at}"
+                        );
+                    }
+                }
             }
         }
     }
