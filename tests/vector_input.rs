@@ -562,7 +562,15 @@ fn null_entry_and_unsupported_types() {
         Some(vec![Some(1.0), None]),
     ]));
     let msg = error(struct_of(indices, values, None).as_ref(), &check());
-    assert_names(&msg, "emb", 101, &["null entry"]);
+    assert_names(&msg, "emb", 101, &["null entry at position 1 of 'values'"]);
+    // The same in the indices list names that list.
+    let indices: ArrayRef = Arc::new(ListArray::from_iter_primitive::<Int32Type, _, _>(vec![
+        Some(vec![Some(0)]),
+        Some(vec![None, Some(1)]),
+    ]));
+    let values = list::<Float32Type>(&[Some(vec![1.0]), Some(vec![1.0, 2.0])]);
+    let msg = error(struct_of(indices, values, None).as_ref(), &check());
+    assert_names(&msg, "emb", 101, &["null entry at position 0 of 'indices'"]);
 
     let strings = StringArray::from(vec!["{1:0.5}/5"]);
     let msg = error(&strings, &check());

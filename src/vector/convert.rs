@@ -393,7 +393,15 @@ fn build(
             }
             for k in 0..(ie - is) {
                 if ip.child.is_null(is + k) || vals.is_null(vs + k) {
-                    return exec_err!("{}: null entry at position {k}", check.row_label(row));
+                    let list = if ip.child.is_null(is + k) {
+                        "indices"
+                    } else {
+                        "values"
+                    };
+                    return exec_err!(
+                        "{}: null entry at position {k} of '{list}'",
+                        check.row_label(row)
+                    );
                 }
                 let i = idx[is + k];
                 if i < 0 {
