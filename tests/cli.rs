@@ -327,22 +327,30 @@ fn knn_profile_shows_the_phases_and_the_operators_metrics() {
     let dir = tempfile::tempdir().unwrap();
     let path = generate(dir.path(), "p.parquet", "nytimes", 300, 4);
     let (p, out) = (path.to_str().unwrap(), dir.path().join("nn.parquet"));
-    let run = run(&[
-        "knn",
-        "--left",
-        p,
-        "--right",
-        p,
-        "--metric",
-        "cosine",
-        "-k",
-        "3",
-        "--device",
-        "cpu",
-        "--output",
-        out.to_str().unwrap(),
-        "--profile",
-    ]);
+    let o = out.to_str().unwrap();
+    let job = |profile: bool| {
+        let mut args = vec![
+            "knn",
+            "--left",
+            p,
+            "--right",
+            p,
+            "--metric",
+            "cosine",
+            "-k",
+            "3",
+            "--device",
+            "cpu",
+            "--output",
+            o,
+            "--overwrite",
+        ];
+        if profile {
+            args.push("--profile");
+        }
+        run(&args)
+    };
+    let run = job(true);
     assert!(run.status.success());
     let err = String::from_utf8(run.stderr).unwrap();
     let seconds = |label: &str| -> f64 {
@@ -375,29 +383,10 @@ fn knn_profile_shows_the_phases_and_the_operators_metrics() {
         assert!(join.contains(metric), "{metric} not in {join}");
     }
     // Without the flag, only the summary line.
-    let quiet = ok_stderr(&[
-        "knn",
-        "--left",
-        p,
-        "--right",
-        p,
-        "--metric",
-        "cosine",
-        "-k",
-        "3",
-        "--device",
-        "cpu",
-        "--output",
-        out.to_str().unwrap(),
-        "--overwrite",
-    ]);
+    let plain = job(false);
+    assert!(plain.status.success());
+    let quiet = String::from_utf8(plain.stderr).unwrap();
     assert_eq!(quiet.trim_end().lines().count(), 1, "{quiet}");
-}
-
-fn ok_stderr(args: &[&str]) -> String {
-    let out = run(args);
-    assert!(out.status.success(), "{args:?} failed");
-    String::from_utf8(out.stderr).unwrap()
 }
 
 /// `knn` output against brute force with `Metric::distance`: per query the k smallest distances,

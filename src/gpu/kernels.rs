@@ -131,11 +131,12 @@ fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
 
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
+    let (map_items, map_segments) = seg_map_rule();
     format!(
         "{PRELUDE}\n#define TOP_VALUES {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
-        seg_map_rule().0,
-        seg_map_rule().1,
+        map_items,
+        map_segments,
         super::prepare::dense_defines(),
         FoldedArgs::cuda_declaration(),
         DenseArgs::cuda_declaration(),
