@@ -92,7 +92,10 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_sums, u32* 
 
 // Inclusive max-scan, in place, of the block's SEG_ITEMS * blockDim.x entries of `m`, each thread
 // owning SEG_ITEMS consecutive ones; every entry also becomes at least `seed`. `warp_max` holds
-// 32 words of shared memory.
+// 32 words of shared memory. The same two-level shuffle scan as block_exclusive_scan, written out
+// twice on purpose: one template for both (an inclusive scan under an operator, the exclusive
+// prefix by subtraction for the sum and by a shuffle for the max) passed gpu_test but made the
+// folded kernels 0.5-0.7% slower on movielens (calls AU, AV: 1.588 -> 1.599 s cosine).
 __device__ __forceinline__ void block_max_scan(unsigned short* m, u32 seed, u32* warp_max) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     ushort4 v = reinterpret_cast<ushort4*>(m)[threadIdx.x];

@@ -171,6 +171,9 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
         Ok::<_, CliError>(pairs)
     }
     .await;
+    // The operator's metrics are read now: the plan holds the join's index (and with it the
+    // GPUs) until it is dropped below, beside the output's commit.
+    let join_metrics = args.profile.then(|| join_metrics(plan.as_ref()));
     // Asked before the GPUs are closed below (asking opens one).
     let device = match options.device {
         DeviceChoice::Auto if crate::gpu::is_available() => "gpu",
@@ -183,11 +186,13 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
             // The join (and its index) is gone: the driver's teardown of the contexts runs
             // beside the output's last row groups instead of after them, at the exit.
             let closing = (device == "gpu").then(|| {
-                std::thread::spawn(|| {
+                std::thread::spawn(move || {
                     let started = std::time::Instant::now();
+                    // The index's device memory is freed here, then its contexts destroyed.
+                    drop(plan);
                     let closed = crate::gpu::close_unused();
                     log::debug!("knn: {closed} GPU(s) closed in {:?}", started.elapsed());
-                    started.elapsed()
+                    (closed, started.elapsed())
                 })
             });
             let committing = Instant::now();
@@ -214,7 +219,10 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
         args.k,
     );
     if args.profile {
-        eprint!("{}", phases.report(setup, secs, plan.as_ref()));
+        eprint!(
+            "{}",
+            phases.report(setup, secs, join_metrics.as_deref().unwrap_or_default())
+        );
     }
     Ok(())
 }
@@ -233,12 +241,12 @@ struct Phases {
     written: std::time::Duration,
     /// The output's last row groups, its footer and its rename (or upload) into place.
     committed: std::time::Duration,
-    /// The GPUs' contexts destroyed beside the commit.
-    gpus_closed: Option<std::time::Duration>,
+    /// How many GPUs' contexts were destroyed beside the commit, and in what time.
+    gpus_closed: Option<(usize, std::time::Duration)>,
 }
 
 impl Phases {
-    fn report(&self, setup: std::time::Duration, total: f64, plan: &dyn ExecutionPlan) -> String {
+    fn report(&self, setup: std::time::Duration, total: f64, join_metrics: &str) -> String {
         let secs = |d: std::time::Duration| d.as_secs_f64();
         let mut out = String::from("knn profile (seconds):\n");
         let mut line = |what: &str, value: String| out.push_str(&format!("  {what:<54} {value}\n"));
@@ -264,26 +272,35 @@ impl Phases {
             "output committed in",
             format!("{:.3}", secs(self.committed)),
         );
-        if let Some(closed) = self.gpus_closed {
+        if let Some((count, time)) = self.gpus_closed {
             line(
-                "GPUs closed in (beside the commit)",
-                format!("{:.3}", secs(closed)),
+                &format!("{count} GPU(s) closed beside the commit, in"),
+                format!("{:.3}", secs(time)),
             );
         }
         line("total (as the summary line)", format!("{total:.3}"));
-        let mut joins = Vec::new();
-        collect_joins(plan, &mut joins);
-        if joins.is_empty() {
-            out.push_str("  (no join operator in this process: its metrics stay with the cluster's executors)\n");
-        }
-        for join in joins {
-            out.push_str(&format!(
-                "  {}\n",
-                DisplayableExecutionPlan::with_metrics(join).one_line()
-            ));
-        }
+        out.push_str(join_metrics);
         out
     }
+}
+
+/// The plan's join operators with their metrics, a line each, as `--profile` prints them.
+fn join_metrics(plan: &dyn ExecutionPlan) -> String {
+    let mut joins = Vec::new();
+    collect_joins(plan, &mut joins);
+    if joins.is_empty() {
+        return "  (no join operator in this process: its metrics stay with the cluster's executors)\n"
+            .into();
+    }
+    joins
+        .into_iter()
+        .map(|join| {
+            format!(
+                "  {}\n",
+                DisplayableExecutionPlan::with_metrics(join).one_line()
+            )
+        })
+        .collect()
 }
 
 /// The plan's join operators (their metrics are the join's own account of its time).

@@ -17,8 +17,10 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result};
 use rayon::prelude::*;
 
 use super::device::{cuda_err, is_out_of_memory, Device, Lanes};
-use super::kernels::{MetricProgram, FOLDED_THREADS};
-use super::launch::{folded_fixed_smem, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW, SEG_MAP_ITEMS};
+use super::kernels::MetricProgram;
+use super::launch::{
+    folded_fixed_smem, folded_smem_without_map, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW,
+};
 use super::memory::upload;
 use super::prepare::{
     choose_dense_columns, dense_bytes_per_left_row, estimate_bytes, fast_kind, prepare_part,
@@ -362,11 +364,9 @@ fn tile_rows(device: &Device, program: &MetricProgram) -> usize {
     // The segment map's 4 KB come out of the slack that a top-k below MAX_DEVICE_K leaves (the
     // candidate buffer is sized for k at launch): counted here, they would cut every tile by a
     // sixth for all k. The block must still fit the device's limit at MAX_DEVICE_K.
-    let map = FOLDED_THREADS as usize * 2 * SEG_MAP_ITEMS;
-    let fixed = folded_fixed_smem(MAX_DEVICE_K) + 256;
     let avail = per_block
-        .saturating_sub(fixed - map)
-        .min((device.smem_optin as usize).saturating_sub(fixed));
+        .saturating_sub(folded_smem_without_map(MAX_DEVICE_K) + 256)
+        .min((device.smem_optin as usize).saturating_sub(folded_fixed_smem(MAX_DEVICE_K) + 256));
     let mut t = (avail / program.acc_bytes()) / 32 * 32;
     if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS")
         .ok()

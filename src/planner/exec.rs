@@ -649,11 +649,7 @@ type BuiltSide = (
 );
 
 fn gpu_options(spec: &JoinSpec) -> GpuOptions {
-    GpuOptions {
-        memory_limit: spec.options.gpu_memory_limit,
-        gpus: spec.options.gpus.clone(),
-        dense_columns: spec.options.dense_columns,
-    }
+    GpuOptions::from(&spec.options)
 }
 
 /// One right partition as read: its batches and their vectors, converted where they were valid
