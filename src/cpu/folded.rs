@@ -328,7 +328,25 @@ pub(crate) fn accumulate<S: Semiring>(
     // A coded list's pairs, one per distinct value (a code is a byte: no bounds check).
     let mut coded0 = [0.0f64; 256];
     let mut coded1 = [0.0f64; 256];
-    for &(col, x) in &ws.sparse_hits {
+    let hits = &ws.sparse_hits;
+    for (h, &(col, x)) in hits.iter().enumerate() {
+        // Each list starts where the last one's prefetching did not reach: the first lines of
+        // its rows, values and lifts missed the cache (about a fifth of `perf`'s samples of a
+        // jensenshannon join fell on those loads). The next column's are asked for now, the
+        // column pointer of the one after it too.
+        if let Some(&(next, _)) = hits.get(h + 2) {
+            prefetch(&index.col_ptr, next as usize + 1);
+        }
+        if let Some(&(next, _)) = hits.get(h + 1) {
+            let at = index.col_ptr[next as usize];
+            prefetch(&index.col_rows, at);
+            prefetch(&index.col_vals, at);
+            if S::LIFTED {
+                prefetch(&index.col_lifts, at);
+                prefetch(&index.col_lifts, at + 8);
+                prefetch(&index.col_codes, at);
+            }
+        }
         let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
         let rows = &index.col_rows[start..end];
         let vals = &index.col_vals[start..end];
@@ -386,6 +404,21 @@ pub(crate) fn accumulate<S: Semiring>(
     }
 
     left_totals
+}
+
+/// Asks for the cache line holding `slice[at]` (past the end, nothing to read: a prefetch never
+/// faults). A hint only: the values read are the same.
+#[inline(always)]
+fn prefetch<T>(slice: &[T], at: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing the program sees and never faults, whatever the address;
+    // `wrapping_add` makes the address without claiming it lies in the slice.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(slice.as_ptr().wrapping_add(at) as *const i8);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (slice, at);
 }
 
 /// One dense column: its values and, for a lifted metric, their lifts.

@@ -3,7 +3,9 @@
 //! The kernels (`folded`, `certified`) are compiled three times: for baseline x86-64, for
 //! AVX2+FMA and for AVX-512; the widest the CPU has is chosen once per process. Each lane does the
 //! same IEEE operations in every build (Rust neither fuses a multiply and an add nor reorders
-//! float operations on its own), so every width gives the same bits, only more lanes at once:
+//! float operations on its own; the fused multiply-adds written out, as in `math::log_positive`,
+//! are rounded once at every width, the baseline build calling libm's `fma`), so every width gives
+//! the same bits, only more lanes at once:
 //! jensenshannon's logarithm per posting runs on eight lanes instead of four, 1.8x faster.
 //! `SPARSE_KNN_CPU_VECTORS=avx2` (or `baseline`) caps the choice, to compare widths on one
 //! machine.
