@@ -9,11 +9,13 @@ cd "$(dirname "$0")/.."
 
 VENV=target/python-ci-venv
 PIP=(--quiet --disable-pip-version-check)
-rm -rf "$VENV" target/wheels/datafusion_sparse_knn-*.whl
+# maturin writes the wheel under cargo's target directory, wherever CARGO_TARGET_DIR puts it.
+WHEELS="${CARGO_TARGET_DIR:-target}/wheels"
+rm -rf "$VENV" "$WHEELS"/datafusion_sparse_knn-*.whl
 python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install "${PIP[@]}" "maturin>=1.9,<2"
 "$VENV/bin/maturin" build --release -m python/Cargo.toml --interpreter "$VENV/bin/python"
-"$VENV/bin/python" -m pip install "${PIP[@]}" target/wheels/datafusion_sparse_knn-*.whl \
+"$VENV/bin/python" -m pip install "${PIP[@]}" "$WHEELS"/datafusion_sparse_knn-*.whl \
     numpy scipy scikit-learn pyarrow pytest "datafusion==55.*"
 # -p no:cacheprovider: leave no .pytest_cache in the work tree.
 "$VENV/bin/python" -m pytest -p no:cacheprovider python/tests
