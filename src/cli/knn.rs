@@ -173,7 +173,7 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     .await;
     // The operator's metrics are read now: the plan holds the join's index (and with it the
     // GPUs) until it is dropped below, beside the output's commit.
-    let join_metrics = args.profile.then(|| join_metrics(plan.as_ref()));
+    let operator_lines = args.profile.then(|| join_metrics(plan.as_ref()));
     // Asked before the GPUs are closed below (asking opens one).
     let device = match options.device {
         DeviceChoice::Auto if crate::gpu::is_available() => "gpu",
@@ -183,8 +183,9 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     let pairs = match written {
         Ok(pairs) => {
             log::debug!("knn: the last pairs are written");
-            // The join (and its index) is gone: the driver's teardown of the contexts runs
-            // beside the output's last row groups instead of after them, at the exit.
+            // The join's streams are done: its index (held by the plan) is freed and the
+            // driver's teardown of the contexts runs beside the output's last row groups instead
+            // of after them, at the exit.
             let closing = (device == "gpu").then(|| {
                 std::thread::spawn(move || {
                     let started = std::time::Instant::now();
@@ -221,7 +222,7 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     if args.profile {
         eprint!(
             "{}",
-            phases.report(setup, secs, join_metrics.as_deref().unwrap_or_default())
+            phases.report(setup, secs, operator_lines.as_deref().unwrap_or_default())
         );
     }
     Ok(())
@@ -246,7 +247,7 @@ struct Phases {
 }
 
 impl Phases {
-    fn report(&self, setup: std::time::Duration, total: f64, join_metrics: &str) -> String {
+    fn report(&self, setup: std::time::Duration, total: f64, operator_lines: &str) -> String {
         let secs = |d: std::time::Duration| d.as_secs_f64();
         let mut out = String::from("knn profile (seconds):\n");
         let mut line = |what: &str, value: String| out.push_str(&format!("  {what:<54} {value}\n"));
@@ -279,7 +280,7 @@ impl Phases {
             );
         }
         line("total (as the summary line)", format!("{total:.3}"));
-        out.push_str(join_metrics);
+        out.push_str(operator_lines);
         out
     }
 }
