@@ -617,14 +617,49 @@ fn compiled(key: u64, program: &MetricProgram, arch: &str) -> std::result::Resul
     slot.get_or_init(|| {
         let started = std::time::Instant::now();
         let ptx = kernels::compile(&program.source, program.name, arch).map_err(|e| e.to_string());
-        log::debug!(
-            "NVRTC: {} compiled in {:?}",
-            program.name,
-            started.elapsed()
-        );
+        let took = started.elapsed();
+        log::debug!("NVRTC: {} compiled in {took:?}", program.name);
+        // From the cache NVRTC takes 0.05-0.08 s, without it 0.7-1.0 s (and the driver's
+        // translation as much again): call AV.
+        if took > std::time::Duration::from_millis(400) {
+            warn_once_without_compile_cache(program.name, took);
+        }
         ptx
     })
     .clone()
+}
+
+/// Says once per process that the kernels will be compiled again by every process, when the
+/// environment leaves the CUDA compile cache nowhere to keep them.
+fn warn_once_without_compile_cache(metric: &str, took: std::time::Duration) {
+    static SAID: std::sync::Once = std::sync::Once::new();
+    if let Some(problem) = compile_cache_problem(|name| std::env::var(name).ok()) {
+        SAID.call_once(|| {
+            log::warn!(
+                "GPU: compiling the {metric} kernels took {:.1} s and every process will take it \
+                 again: {problem} (docs/sql.md, \"The GPU's first join in a process\")",
+                took.as_secs_f64()
+            )
+        });
+    }
+}
+
+/// Why the CUDA compile cache, which NVRTC and the driver share, cannot keep this process's
+/// kernels for the next one, with what to do about it; None where the environment gives it a
+/// folder (whether that folder can be written is not checked).
+fn compile_cache_problem(var: impl Fn(&str) -> Option<String>) -> Option<String> {
+    let set = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+    if set("CUDA_CACHE_DISABLE").is_some_and(|v| v.trim() == "1") {
+        return Some("CUDA_CACHE_DISABLE=1 turns the CUDA compile cache off; unset it".into());
+    }
+    if set("CUDA_CACHE_PATH").is_none() && set("HOME").is_none() {
+        return Some(
+            "the CUDA compile cache has no folder (no HOME, no CUDA_CACHE_PATH); set \
+             CUDA_CACHE_PATH to a writable folder that outlives the process"
+                .into(),
+        );
+    }
+    None
 }
 
 /// Makes a kernel fault on GPU `ordinal` (a write to an invalid address), leaving its context
@@ -652,4 +687,46 @@ pub fn fault_for_tests(ordinal: usize) -> Result<()> {
     dev.stream
         .synchronize()
         .map_err(cuda_err("running the fault kernel"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::compile_cache_problem;
+
+    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |name| {
+            pairs
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        }
+    }
+
+    /// The warning names the cause the user can act on, and says nothing where the cache has a
+    /// folder.
+    #[test]
+    fn the_compile_cache_problem_names_its_cause() {
+        assert_eq!(compile_cache_problem(env(&[("HOME", "/home/u")])), None);
+        assert_eq!(
+            compile_cache_problem(env(&[("CUDA_CACHE_PATH", "/cache")])),
+            None
+        );
+        let off = compile_cache_problem(env(&[("HOME", "/home/u"), ("CUDA_CACHE_DISABLE", "1")]));
+        assert!(off.is_some_and(|p| p.contains("CUDA_CACHE_DISABLE=1")));
+        assert_eq!(
+            compile_cache_problem(env(&[("HOME", "/home/u"), ("CUDA_CACHE_DISABLE", "0")])),
+            None
+        );
+        for nowhere in [
+            &[][..],
+            &[("HOME", "")][..],
+            &[("CUDA_CACHE_PATH", " ")][..],
+        ] {
+            let problem = compile_cache_problem(env(nowhere));
+            assert!(
+                problem.is_some_and(|p| p.contains("set CUDA_CACHE_PATH")),
+                "{nowhere:?}"
+            );
+        }
+    }
 }
