@@ -31,14 +31,14 @@ pub(crate) fn cap_for(k: usize, threads: u32) -> usize {
 }
 
 /// Bytes of shared memory the folded kernels use beside the accumulators: the top-k candidates
-/// (a 64-bit key and a 32-bit row each), the per-thread segment scratch and the segment map.
+/// (a 64-bit key and a 32-bit row each) and the segments ([`SEGMENT_SMEM`]).
 pub(crate) fn folded_fixed_smem(k: usize) -> usize {
-    folded_smem_without_map(k) + SEG_MAP_BYTES
+    cap_for(k, FOLDED_THREADS) * 12 + SEGMENT_SMEM
 }
 
-/// [`folded_fixed_smem`] less the segment map: the top-k candidates and the segment scratch.
+/// [`folded_fixed_smem`] less the segment map.
 pub(crate) fn folded_smem_without_map(k: usize) -> usize {
-    cap_for(k, FOLDED_THREADS) * 12 + FOLDED_THREADS as usize * SEG_BYTES_PER_THREAD
+    folded_fixed_smem(k) - SEG_MAP_BYTES
 }
 
 /// Entries per thread of the kernels' segment map (`SEG_ITEMS` in kernels/knn.cu).
@@ -47,9 +47,9 @@ pub(crate) const SEG_MAP_ITEMS: usize = 4;
 /// The segment map's u16 entries, for the whole block.
 pub(crate) const SEG_MAP_BYTES: usize = FOLDED_THREADS as usize * 2 * SEG_MAP_ITEMS;
 
-/// Shared memory per thread for the segments of a chunk of left nonzeros: start, offset, value
-/// and rank (4 bytes each).
-pub(crate) const SEG_BYTES_PER_THREAD: usize = 16;
+/// Shared memory for the segments of a chunk of left nonzeros: per thread a start, offset, value
+/// and rank (4 bytes each), and the segment map.
+const SEGMENT_SMEM: usize = FOLDED_THREADS as usize * 16 + SEG_MAP_BYTES;
 
 /// Everything a launch needs that does not change from chunk to chunk of one part.
 pub(crate) struct PartLaunch<'a> {
@@ -236,8 +236,7 @@ impl PartLaunch<'_> {
                 let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * program.acc_bytes()
                     + if knn { cap * 12 } else { 0 }
-                    + FOLDED_THREADS as usize * SEG_BYTES_PER_THREAD
-                    + SEG_MAP_BYTES) as u32;
+                    + SEGMENT_SMEM) as u32;
                 let f = device.function(program, name, smem)?;
                 if log::log_enabled!(log::Level::Debug) {
                     log::debug!(

@@ -14,16 +14,6 @@ pub struct GpuOptions {
     pub dense_columns: crate::options::DenseColumnChoice,
 }
 
-impl From<&crate::options::JoinOptions> for GpuOptions {
-    fn from(options: &crate::options::JoinOptions) -> Self {
-        Self {
-            memory_limit: options.gpu_memory_limit,
-            gpus: options.gpus.clone(),
-            dense_columns: options.dense_columns,
-        }
-    }
-}
-
 /// Counters an operator reports in EXPLAIN ANALYZE.
 #[derive(Debug, Clone, Default)]
 pub struct GpuStats {

@@ -649,7 +649,11 @@ type BuiltSide = (
 );
 
 fn gpu_options(spec: &JoinSpec) -> GpuOptions {
-    GpuOptions::from(&spec.options)
+    GpuOptions {
+        memory_limit: spec.options.gpu_memory_limit,
+        gpus: spec.options.gpus.clone(),
+        dense_columns: spec.options.dense_columns,
+    }
 }
 
 /// One right partition as read: its batches and their vectors, converted where they were valid
