@@ -290,6 +290,21 @@ __device__ __forceinline__ double max_pair(double shared_max, u64 ranks, const f
     return fmax(shared_max, fmax(ax, ay));
 }
 
+// atomicAdd on a 64-bit word of shared memory compiles to a compare-and-swap loop on sm_90 (a
+// load, ATOMS.CAST.SPIN.64, a compare and a branch, again whenever another thread changed the
+// word in between). Two native 32-bit adds give the same sum: the low word's carry comes from the
+// value its add returns, and the high word takes it with the term's high half. Each add that wraps
+// the low word carries exactly once, so the word is the exact 64-bit sum (mod 2^64: negative
+// terms too) once the block's adds are done; only a read during the adds could see halves apart,
+// and the kernels read accumulators only after a barrier.
+__device__ __forceinline__ void shared_add_u64(long long* acc, u64 add) {
+    u32* word = reinterpret_cast<u32*>(acc);  // little-endian: [0] low, [1] high
+    const u32 lo = (u32)add;
+    const u32 old = atomicAdd(word, lo);
+    const u32 hi = (u32)(add >> 32) + (u32)(old + lo < old);
+    if (hi != 0) atomicAdd(word + 1, hi);
+}
+
 // Adds `term` (scaled) to a fixed-point accumulator; flags a term beyond the bound. With `cbits`
 // > 0 the sum sits above the low `cbits` bits, which count the terms added: a pair of rows sharing
 // no column is told apart in the same atomic (the scale was lowered by 2^cbits to leave room, and
@@ -297,12 +312,13 @@ __device__ __forceinline__ double max_pair(double shared_max, u64 ranks, const f
 __device__ __forceinline__ void fixed_add(long long* acc, double term, double scale, u32* overflow,
                                           int cbits = 0) {
     const double v = term * scale;
-    if (!(fabs(v) <= ldexp(4.0e18, -cbits))) {
-        *overflow = 1u;
-        return;
-    }
-    const u64 add = cbits ? (((u64)llrint(v)) << cbits) + 1ull : (u64)llrint(v);
-    atomicAdd((unsigned long long*)acc, (unsigned long long)add);
+    // No branch around the add: a branch lets the compiler load the entry's row only after its
+    // value's check, one global load's latency after the other. A term beyond the bound adds
+    // nothing and is reported.
+    const bool fits = fabs(v) <= ldexp(4.0e18, -cbits);
+    if (!fits) *overflow = 1u;
+    const u64 add = fits ? (((u64)llrint(v)) << cbits) + (u64)(cbits != 0) : 0ull;
+    shared_add_u64(acc, add);
 }
 
 template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
@@ -334,15 +350,17 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const bool MAXRED = METRIC_REDUCTION_MAX;
     const bool TWO = MetricDef::TWO || MAXRED;
     // Shared memory: acc0[tile] (acc1[tile]) | cand_key[cap] cand_row[cap] (knn) |
-    // seg_start[B] seg_off[B] seg_x[B] seg_rank[B] | seg_map[SEG_ITEMS * B] (u16)
+    // seg_walk[B] (8 bytes) seg_off[B] seg_rank[B] | seg_map[SEG_ITEMS * B] (u16)
     long long* acc0 = (long long*)smem;
     long long* acc1 = acc0 + tile_rows;
     u64* cand_key = (u64*)(acc0 + (TWO ? 2 : 1) * tile_rows);
     u32* cand_row = (u32*)(cand_key + (RADIUS ? 0 : cap));
-    u32* seg_start = cand_row + (RADIUS ? 0 : cap);
-    u32* seg_off = seg_start + B;
-    float* seg_x = (float*)(seg_off + B);
-    u32* seg_rank = (u32*)(seg_x + B);
+    // What a work item reads of its segment, in one 8-byte load: the distance from its flattened
+    // index to its entry in the lists (start - offset, modulo 2^32) and the left value's bits.
+    // cap is a power of two (or 0), so this stays 8-byte aligned.
+    uint2* seg_walk = (uint2*)(cand_row + (RADIUS ? 0 : cap));
+    u32* seg_off = (u32*)(seg_walk + B);
+    u32* seg_rank = seg_off + B;
     unsigned short* seg_map = (unsigned short*)(seg_rank + B);
     __shared__ u32 warp_sums[32];
     __shared__ double red[32];
@@ -434,17 +452,17 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 }
                 u32 total;
                 u32 off = block_exclusive_scan(len, warp_sums, &total);
-                seg_start[threadIdx.x] = sstart;
+                seg_walk[threadIdx.x] = make_uint2(sstart - off, __float_as_uint(x));
                 seg_off[threadIdx.x] = off;
-                seg_x[threadIdx.x] = x;
                 seg_rank[threadIdx.x] = rank;
                 __syncthreads();
                 const int nseg = min(B, deg - c0);
                 // One work item: entry `pos` of the right side's lists, in segment `lo`.
                 auto walk = [&](u32 q, int lo) {
-                    u32 pos = seg_start[lo] + (q - seg_off[lo]);
+                    const uint2 seg = seg_walk[lo];
+                    const u32 pos = q + seg.x;
                     int j = (int)col_rows[pos] - tile_first;
-                    const double x = seg_x[lo], y = col_vals[pos];
+                    const double x = __uint_as_float(seg.y), y = col_vals[pos];
                     if (MAXRED) {
                         const double term = MetricDef::pair0(x, y, prm);
                         atomicMax((unsigned long long*)&acc0[j],

@@ -47,8 +47,8 @@ pub(crate) const SEG_MAP_ITEMS: usize = 4;
 /// The segment map's u16 entries, for the whole block.
 pub(crate) const SEG_MAP_BYTES: usize = FOLDED_THREADS as usize * 2 * SEG_MAP_ITEMS;
 
-/// Shared memory for the segments of a chunk of left nonzeros: per thread a start, offset, value
-/// and rank (4 bytes each), and the segment map.
+/// Shared memory for the segments of a chunk of left nonzeros: per thread the walk's start and
+/// value (8 bytes, one load), offset and rank (4 bytes each), and the segment map.
 const SEGMENT_SMEM: usize = FOLDED_THREADS as usize * 16 + SEG_MAP_BYTES;
 
 /// Everything a launch needs that does not change from chunk to chunk of one part.

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Call BA (one GPU, 2026-11-26; issue 14 item 0): the folded kernels' fixed-point adds as two
+# native 32-bit shared atomics (was a 64-bit compare-and-swap loop) and each work item's segment in
+# one 8-byte load. Old (6636465) and new binaries alternated on the same generated files, bench
+# cosine and manhattan, best of 2; then every GPU test on the new build.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
+for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
+for f in devbin/k/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+run() {  # shape round
+  for v in old new; do
+    echo "== $1 round $2 $v" | tee -a $W/bench.log
+    timeout 100 /tmp/sk_$v bench --input /tmp/$1.parquet --metrics cosine,manhattan --devices gpu -k 10 --repeat 2 2>&1 | grep -E "^gpu|^metric" | tee -a $W/bench.log
+  done
+}
+for s in movielens nytimes; do
+  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  run $s 1; run $s 2
+done
+timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/gpu_test.log
+for s in secedgar scrna; do
+  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  run $s 1
+done
+echo done | tee -a $W/device.txt
