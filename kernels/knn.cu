@@ -520,14 +520,14 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     long long raw0 = acc0[jj];
                     const bool counted = cbits == 0 || (raw0 & ((1ll << cbits) - 1)) != 0;
                     raw0 >>= cbits;
-                    bool take = counted && row_valid(valid_bits, j) && (long long)j != self_row;
-                    if (take && a.zero_skip && raw0 == 0) {
-                        if (RADIUS ? zeros_outside : zeros_seen >= k) {
-                            take = false;
-                        } else if (!RADIUS) {
-                            atomicAdd(&s_zeros, 1);
-                        }
-                    }
+                    // Most rows of sum 0 are past the first k (or outside the radius): they are
+                    // dropped before their valid bit is read. (Counting the offers and zeros with
+                    // the round's barrier, __syncthreads_count, instead of a second barrier made
+                    // the kernels spill under the four-block bound.)
+                    const bool zero = a.zero_skip && raw0 == 0;
+                    bool take = counted && !(zero && (RADIUS ? zeros_outside : zeros_seen >= k))
+                                && row_valid(valid_bits, j) && (long long)j != self_row;
+                    if (take && zero && !RADIUS) atomicAdd(&s_zeros, 1);
                     if (take) {
                         const Totals lt = {lt0, lt1};
                         const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
@@ -581,8 +581,15 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     }
 }
 
-extern "C" __global__ void folded_knn(const FoldedArgs a) { folded_body<false>(a); }
-extern "C" __global__ void folded_radius(const FoldedArgs a) { folded_body<true>(a); }
+// Four blocks a SM for the metrics that fit 32 registers (`kernels::folded_min_blocks`); no bound
+// for the others: a bound of one block lets the compiler take 70 registers, and one block runs.
+#if FOLDED_MIN_BLOCKS > 0
+#define FOLDED_BOUNDS __launch_bounds__(FOLDED_THREADS, FOLDED_MIN_BLOCKS)
+#else
+#define FOLDED_BOUNDS
+#endif
+extern "C" __global__ void FOLDED_BOUNDS folded_knn(const FoldedArgs a) { folded_body<false>(a); }
+extern "C" __global__ void FOLDED_BOUNDS folded_radius(const FoldedArgs a) { folded_body<true>(a); }
 
 // ---------------------------------------------------------------------------------------------
 // Dense columns on the tensor cores (dot, cosine). The right side's densest columns are also kept

@@ -66,3 +66,92 @@ fn a_drifted_argument_layout_does_not_compile() {
         .expect_err("a drifted layout must not compile");
     assert!(err.to_string().contains("layout differs"), "{err}");
 }
+
+/// ptxas's report for one kernel: (registers, bytes of spill stores).
+fn ptxas_report(log: &str, kernel: &str) -> (u32, u32) {
+    let head = format!("Compiling entry function '{kernel}'");
+    let block = log
+        .split("ptxas info    : Compiling entry function")
+        .map(|part| format!("Compiling entry function{part}"))
+        .find(|part| part.starts_with(&head))
+        .unwrap_or_else(|| panic!("ptxas said nothing of {kernel}:\n{log}"));
+    let number_before = |text: &str, marker: &str| -> u32 {
+        let at = text
+            .find(marker)
+            .unwrap_or_else(|| panic!("no `{marker}` for {kernel}:\n{text}"));
+        let digits: String = text[..at]
+            .trim_end()
+            .chars()
+            .rev()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        digits.chars().rev().collect::<String>().parse().unwrap()
+    };
+    (
+        number_before(&block, "registers"),
+        number_before(&block, "bytes spill stores"),
+    )
+}
+
+/// The metrics whose folded kernels are compiled for four blocks a SM
+/// (`kernels::folded_min_blocks`) fit the 32 registers that takes without spilling: a spill would
+/// put the walk's registers in local memory, slower than the three blocks the compiler's own choice
+/// runs. Needs ptxas (pip's nvidia-cuda-nvcc), named by SPARSE_KNN_PTXAS; CI sets it and
+/// SPARSE_KNN_REQUIRE_PTXAS=1, without which a missing ptxas skips with a note.
+#[test]
+fn four_block_folded_kernels_fit_32_registers_without_spilling() {
+    let required = std::env::var("SPARSE_KNN_REQUIRE_PTXAS").is_ok_and(|v| v == "1");
+    let ptxas = std::env::var("SPARSE_KNN_PTXAS").ok();
+    let (Some(ptxas), true) = (ptxas, kernels::nvrtc_available()) else {
+        assert!(
+            !required,
+            "SPARSE_KNN_REQUIRE_PTXAS=1 but SPARSE_KNN_PTXAS (pip's nvidia/cu13/bin/ptxas) is not \
+             set or libnvrtc cannot be loaded"
+        );
+        eprintln!("skipped: no ptxas (set SPARSE_KNN_PTXAS) or no libnvrtc");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mut bounded = 0;
+    for program in kernels::all_programs() {
+        let blocks = kernels::folded_min_blocks(program.name);
+        let ptx = kernels::compile(&program.source, program.name, "compute_90").unwrap();
+        let path = dir.path().join(format!("{}.ptx", program.name));
+        std::fs::write(&path, ptx.to_src()).unwrap();
+        let out = std::process::Command::new(&ptxas)
+            .args(["-arch=sm_90", "-v", "-o"])
+            .arg(dir.path().join("out.cubin"))
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("running {ptxas}: {e}"));
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "ptxas failed on {}:\n{log}",
+            program.name
+        );
+        for kernel in ["folded_knn", "folded_radius"] {
+            let (registers, spills) = ptxas_report(&log, kernel);
+            if blocks == 4 {
+                assert!(
+                    registers <= 32 && spills == 0,
+                    "{} {kernel}: {registers} registers, {spills} bytes spilled under a bound of \
+                     four blocks of 512 (take it off FOUR_BLOCK_METRICS in src/gpu/kernels.rs)",
+                    program.name
+                );
+            } else {
+                // Unbounded, the compiler keeps more than 32: the bound would be the one change.
+                assert!(
+                    registers > 32,
+                    "{} {kernel}: {registers} registers",
+                    program.name
+                );
+            }
+        }
+        bounded += usize::from(blocks == 4);
+    }
+    assert!(
+        bounded >= 11,
+        "the cheap metrics run four blocks a SM ({bounded})"
+    );
+}

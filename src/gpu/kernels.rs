@@ -133,8 +133,9 @@ fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
 pub fn module_source<S: Semiring>() -> String {
     let (map_items, map_segments) = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
+        folded_min_blocks(S::NAME),
         map_items,
         map_segments,
         super::prepare::dense_defines(),
@@ -143,6 +144,43 @@ pub fn module_source<S: Semiring>() -> String {
         DenseFillArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
+}
+
+/// Metrics whose folded kernels fit 32 registers a thread without spilling (ptxas 13.0, sm_90;
+/// `tests/nvrtc_compile.rs` checks it with ptxas): they are compiled for four blocks of 512 a
+/// SM, the occupancy the tiles are sized for (`tile_rows`). Left to itself the compiler takes 38-40
+/// registers, which lets only three blocks run (call BB on an H200, same tiles: movielens cosine
+/// kernels 1.19 -> 1.14-1.20 s, nytimes 1.84 -> 1.66 s, secedgar wall 4.26 -> 4.19-4.30 s, scrna
+/// manhattan 2.49 -> 2.42 s, against call BA). The others (a division, a logarithm, a power or a
+/// square root per term) spill at 32 and keep the compiler's choice.
+const FOUR_BLOCK_METRICS: [&str; 11] = [
+    "braycurtis",
+    "chebyshev",
+    "cosine",
+    "dice",
+    "dot",
+    "euclidean",
+    "hamming",
+    "jaccard",
+    "manhattan",
+    "russellrao",
+    "sqeuclidean",
+];
+
+/// The folded kernels' `__launch_bounds__` minimum of blocks a SM (`FOLDED_MIN_BLOCKS`; 0: no
+/// bound). `SPARSE_KNN_GPU_MIN_BLOCKS` overrides it (benchmarks).
+pub fn folded_min_blocks(metric: &str) -> u32 {
+    if let Some(forced) = std::env::var("SPARSE_KNN_GPU_MIN_BLOCKS")
+        .ok()
+        .and_then(|s| s.parse::<u32>().ok())
+    {
+        return forced.min(4);
+    }
+    if FOUR_BLOCK_METRICS.contains(&metric) {
+        4
+    } else {
+        0
+    }
 }
 
 /// When the folded kernels find each work item's segment in a map rather than by a binary

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Call BC (one GPU, 2026-11-26; issue 14 item 0): the cheap metrics' folded kernels compiled for
+# four blocks a SM (__launch_bounds__, 32 registers) and rows of sum 0 dropped before their valid
+# bit is read. Old (1511590, call BA's new) and new alternated on the same files, bench best of 2;
+# chebyshev (also four blocks now) once; then every GPU test on the new build.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
+for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
+for f in devbin/k/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+run() {  # shape round metrics
+  for v in old new; do
+    echo "== $1 round $2 $v" | tee -a $W/bench.log
+    RUST_LOG=datafusion_sparse_knn::gpu::launch=debug timeout 100 /tmp/sk_$v bench --input /tmp/$1.parquet --metrics $3 --devices gpu -k 10 --repeat 2 > /tmp/o.txt 2>&1
+    grep -m1 -oE "tile [0-9]+ \([0-9]+ tiles\), [0-9]+ registers" /tmp/o.txt | tee -a $W/bench.log
+    grep -E "^gpu|^metric" /tmp/o.txt | tee -a $W/bench.log
+  done
+}
+for s in movielens nytimes secedgar scrna; do
+  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  run $s 1 cosine,manhattan
+  [ $s = movielens ] || [ $s = nytimes ] && run $s 2 cosine,manhattan
+  [ $s = movielens ] && run $s 1 chebyshev
+done
+timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/gpu_test.log
+echo done | tee -a $W/device.txt
