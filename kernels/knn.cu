@@ -373,6 +373,10 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     // are within it: the rest are not finished at all.
     __shared__ int s_zeros;
 
+    // The accumulators start at zero and every tile's finishing pass puts each entry it reads
+    // back to zero, so a tile needs no zeroing pass of its own (only the dense product's start).
+    for (int j = threadIdx.x; j < (TWO ? 2 : 1) * tile_rows; j += B) acc0[j] = 0;
+
     for (int w = blockIdx.x; w < nwork; w += gridDim.x) {
         const int row = work[w];
         const long long start = (long long)l_off[row] - l_base;
@@ -420,17 +424,14 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
             // a bilinear pair (c·x·y) summed over them is pair0(g, 1) for their dot product g.
             const float* dense_row =
                 a.dense ? a.dense + (size_t)row * (size_t)a.dense_stride + tile_first : nullptr;
-            for (int j = threadIdx.x; j < tile_len; j += B) {
-                long long init = 0;
-                if (dense_row) {
+            if (dense_row) {
+                for (int j = threadIdx.x; j < tile_len; j += B) {
                     const double g = (double)dense_row[j];
                     if (g != 0.0) {
                         const double v = MetricDef::pair0(g, 1.0, prm) * scale0;
-                        if (fabs(v) <= 4.0e18) init = llrint(v); else *a.overflow = 1u;
+                        if (fabs(v) <= 4.0e18) acc0[j] = llrint(v); else *a.overflow = 1u;
                     }
                 }
-                acc0[j] = init;
-                if (TWO) acc1[j] = 0;
             }
             __syncthreads();
             // Accumulate, a chunk of B left nonzeros at a time.
@@ -517,7 +518,11 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 int jj = f0 + threadIdx.x;
                 if (jj < tile_len) {
                     int j = tile_first + jj;
-                    long long raw0 = acc0[jj];
+                    const long long word0 = acc0[jj];
+                    const long long word1 = TWO ? acc1[jj] : 0;
+                    acc0[jj] = 0;
+                    if (TWO) acc1[jj] = 0;
+                    long long raw0 = word0;
                     const bool counted = cbits == 0 || (raw0 & ((1ll << cbits) - 1)) != 0;
                     raw0 >>= cbits;
                     // Most rows of sum 0 are past the first k (or outside the radius): they are
@@ -533,9 +538,9 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                         const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
                                            MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
                         double s0 = (double)raw0 / scale0;
-                        const double s1 = TWO && !MAXRED ? (double)acc1[jj] / scale1 : 0.0;
+                        const double s1 = TWO && !MAXRED ? (double)word1 / scale1 : 0.0;
                         if (MAXRED) {
-                            s0 = max_pair(__longlong_as_double(acc0[jj]), (u64)acc1[jj],
+                            s0 = max_pair(__longlong_as_double(word0), (u64)word1,
                                           a.l_top + (size_t)w * TOP_VALUES,
                                           a.r_top + (size_t)j * TOP_VALUES);
                         } else if (a.lower_bounds) {
