@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Calls BE and BF (one GPU, 2026-11-26; issue 14 items 0, 5, 6): this session's final kernels
-# (27d2767). For each paper shape at full size (SHAPES), bench --json of cosine, euclidean and
+# (27d2767 in BE, BF; b569cd7 in BH, the final tree). For each paper shape at full size (SHAPES), bench --json of cosine, euclidean and
 # manhattan (full self joins, best of 2) and anchors.py on the same file in the same call; on
 # movielens, knn Parquet -> Parquet with --profile three times beside bench; then the GPU tests
 # carried in devbin/t* (the CLI binary put where the CLI test looks for it).
