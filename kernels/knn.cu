@@ -526,9 +526,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     const bool counted = cbits == 0 || (raw0 & ((1ll << cbits) - 1)) != 0;
                     raw0 >>= cbits;
                     // Most rows of sum 0 are past the first k (or outside the radius): they are
-                    // dropped before their valid bit is read. (Counting the offers and zeros with
-                    // the round's barrier, __syncthreads_count, instead of a second barrier made
-                    // the kernels spill under the four-block bound.)
+                    // dropped before their valid bit is read.
                     const bool zero = a.zero_skip && raw0 == 0;
                     bool take = counted && !(zero && (RADIUS ? zeros_outside : zeros_seen >= k))
                                 && row_valid(valid_bits, j) && (long long)j != self_row;
@@ -568,7 +566,9 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 if (!RADIUS) {
                     __syncthreads();
                     // At most B entries arrive per round: compact before the buffer can overflow.
-                    // Every thread reads the count before any thread can add to it again.
+                    // Every thread reads the count before any thread can add to it again. (One
+                    // barrier counting the offers and zeros, __syncthreads_count, made the
+                    // kernels spill under the four-block bound.)
                     const int cnt = s_count;
                     zeros_seen = s_zeros;
                     __syncthreads();

@@ -149,10 +149,11 @@ pub fn module_source<S: Semiring>() -> String {
 /// Metrics whose folded kernels fit 32 registers a thread without spilling (ptxas 13.0, sm_90;
 /// `tests/nvrtc_compile.rs` checks it with ptxas): they are compiled for four blocks of 512 a
 /// SM, the occupancy the tiles are sized for (`tile_rows`). Left to itself the compiler takes 38-40
-/// registers, which lets only three blocks run (call BB on an H200, same tiles: movielens cosine
-/// kernels 1.19 -> 1.14-1.20 s, nytimes 1.84 -> 1.66 s, secedgar wall 4.26 -> 4.19-4.30 s, scrna
-/// manhattan 2.49 -> 2.42 s, against call BA). The others (a division, a logarithm, a power or a
-/// square root per term) spill at 32 and keep the compiler's choice.
+/// registers, which lets only three blocks run (call BC on an H200, old and new alternated, same
+/// tiles: movielens cosine kernels 1.263 -> 1.127 s, nytimes 1.85 -> 1.65 s, chebyshev 3.50 ->
+/// 2.39 s; scrna cosine, whose folded kernel only finishes the tensor cores' pairs, 0.73 -> 0.80 s).
+/// The others (a division, a logarithm, a power or a square root per term) spill at 32 and keep
+/// the compiler's choice.
 const FOUR_BLOCK_METRICS: [&str; 11] = [
     "braycurtis",
     "chebyshev",
