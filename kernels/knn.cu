@@ -400,7 +400,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         const double lt1 = block_reduce<false>(t1, red);
         // Bound modes that leave disjoint pairs to the host count each pair's shared columns in
         // the low bits of its accumulator (deg < 2^cbits).
-        const int cbits = (a.shared_only && a.lower_bounds) ? 32 - __clz(deg | 1) : 0;
+        const int cbits =
+            (MetricDef::CERTIFIED && a.shared_only && a.lower_bounds) ? 32 - __clz(deg | 1) : 0;
         const double scale0 = ldexp(fixed_scale(block_reduce<true>(b0, red), deg), -cbits);
         const double scale1 = TWO ? fixed_scale(block_reduce<true>(b1, red), deg) : 1.0;
         if (threadIdx.x == 0) {
