@@ -3,11 +3,7 @@
 # native 32-bit shared atomics (was a 64-bit compare-and-swap loop) and each work item's segment in
 # one 8-byte load. Old (6636465) and new binaries alternated on the same generated files, bench
 # cosine and manhattan, best of 2; then every GPU test on the new build.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
-for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
-for f in devbin/k/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+source bench/gpu_runs/endtoend/lib.sh
 run() {  # shape round
   for v in old new; do
     echo "== $1 round $2 $v" | tee -a $W/bench.log

@@ -5,20 +5,16 @@
 # __launch_bounds__ (SPARSE_KNN_GPU_MIN_BLOCKS=4: 32 registers). bench cosine and manhattan, best of 2.
 # (The tile knob SPARSE_KNN_GPU_BLOCKS_PER_SM was dropped after this call; SPARSE_KNN_GPU_MIN_BLOCKS stays as
 # an override of the per-metric bound. The "default" here had __launch_bounds__(512, 1): 70 registers.)
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
-for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
-xz -T4 -dc devbin/k/sk_new.xz > /tmp/sk && chmod +x /tmp/sk
+source bench/gpu_runs/endtoend/lib.sh
 one() {  # shape label env...
   s=$1; l=$2; shift 2
   echo "== $s $l" | tee -a $W/bench.log
-  env "$@" RUST_LOG=datafusion_sparse_knn::gpu::launch=debug timeout 100 /tmp/sk bench --input /tmp/$s.parquet --metrics cosine,manhattan --devices gpu -k 10 --repeat 2 > /tmp/o.txt 2>&1
+  env "$@" RUST_LOG=datafusion_sparse_knn::gpu::launch=debug timeout 100 /tmp/sk_new bench --input /tmp/$s.parquet --metrics cosine,manhattan --devices gpu -k 10 --repeat 2 > /tmp/o.txt 2>&1
   grep -m1 -oE "tile [0-9]+ \([0-9]+ tiles\), [0-9]+ registers" /tmp/o.txt | tee -a $W/bench.log
   grep -E "^gpu|^metric" /tmp/o.txt | tee -a $W/bench.log
 }
 for s in movielens nytimes secedgar scrna; do
-  /tmp/sk generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
   for r in 1 2; do
     one $s default X=1
     one $s bps3 SPARSE_KNN_GPU_BLOCKS_PER_SM=3

@@ -3,11 +3,7 @@
 # four blocks a SM (__launch_bounds__, 32 registers) and rows of sum 0 dropped before their valid
 # bit is read. Old (1511590, call BA's new) and new alternated on the same files, bench best of 2;
 # chebyshev (also four blocks now) once; then every GPU test on the new build.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
-for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
-for f in devbin/k/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+source bench/gpu_runs/endtoend/lib.sh
 run() {  # shape round metrics
   for v in old new; do
     echo "== $1 round $2 $v" | tee -a $W/bench.log

@@ -1,11 +1,7 @@
 #!/usr/bin/env bash
 # Call BI (one GPU, 2026-11-26; issue 14 item 1): chebyshev and minkowski against cosine at the
 # movielens shape on the final tree (b569cd7), bench best of 2, two rounds.
-set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
-for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
-xz -T4 -dc devbin/k/sk_new.xz > /tmp/sk_new && chmod +x /tmp/sk_new
+source bench/gpu_runs/endtoend/lib.sh
 /tmp/sk_new generate --shape movielens --seed 0 --output /tmp/movielens.parquet --overwrite 2>&1 | tail -1 | tee -a $W/bench.log
 for r in 1 2; do
   echo "== round $r" | tee -a $W/bench.log

@@ -1,0 +1,18 @@
+# Shared by this session's device scripts (calls BA-BJ; factored out of them after the runs, the
+# same commands): `source bench/gpu_runs/endtoend/lib.sh` from the repository root on the device.
+# Sets W (the returned folder), puts the device's CUDA libraries on LD_LIBRARY_PATH, records the
+# GPU in device.txt and unpacks the carried devbin/k/*.xz binaries into /tmp.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"; W=$OUT
+for d in /usr/local/cuda/lib64; do [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"; done
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc; } | tee "$W/device.txt"
+for f in devbin/k/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+
+# alternate SHAPE ROUND METRICS: bench the old and then the new binary on /tmp/SHAPE.parquet
+# (best of 2), into bench.log.
+alternate() {
+  for v in old new; do
+    echo "== $1 round $2 $v" | tee -a $W/bench.log
+    timeout 100 /tmp/sk_$v bench --input /tmp/$1.parquet --metrics $3 --devices gpu -k 10 --repeat 2 2>&1 | grep -E "^gpu|^metric" | tee -a $W/bench.log
+  done
+}
