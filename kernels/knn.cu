@@ -401,7 +401,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         // Bound modes that leave disjoint pairs to the host count each pair's shared columns in
         // the low bits of its accumulator (deg < 2^cbits).
         const int cbits =
-            (MetricDef::CERTIFIED && a.shared_only && a.lower_bounds) ? 32 - __clz(deg | 1) : 0;
+            (CERTIFIED_PROBES && a.shared_only && a.lower_bounds) ? 32 - __clz(deg | 1) : 0;
         const double scale0 = ldexp(fixed_scale(block_reduce<true>(b0, red), deg), -cbits);
         const double scale1 = TWO ? fixed_scale(block_reduce<true>(b1, red), deg) : 1.0;
         if (threadIdx.x == 0) {

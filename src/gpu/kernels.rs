@@ -50,8 +50,7 @@ impl MetricProgram {
             source: module_source::<S>(),
             params: s.params(),
             max_reduction: S::REDUCTION == Reduction::Max,
-            certified: (S::REDUCTION == Reduction::Sum && s.has_exact_term() && !S::SIMILARITY)
-                || S::REDUCTION == Reduction::Max,
+            certified: certified::<S>(),
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
             bilinear,
@@ -129,13 +128,22 @@ fn zero_distance<S: Semiring>(s: &S) -> Option<f64> {
     (constant && d.is_finite()).then_some(d)
 }
 
+/// Whether metric `S` runs the certified path ([`MetricProgram::certified`]): only then can a
+/// probe ask the kernels for bounds (`lower_bounds`) whose sums count their terms in low bits, so
+/// the kernels of the other metrics are compiled without that code (`CERTIFIED_PROBES`).
+fn certified<S: Semiring>() -> bool {
+    (S::REDUCTION == Reduction::Sum && S::SOURCE.exact_term.is_some() && !S::SIMILARITY)
+        || S::REDUCTION == Reduction::Max
+}
+
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
     let (map_items, map_segments) = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
+        certified::<S>() as u8,
         map_items,
         map_segments,
         super::prepare::dense_defines(),

@@ -63,7 +63,6 @@ pub fn cuda_definition<S: Semiring>() -> String {
          #define METRIC_REDUCTION_MAX {max}\n\
          struct MetricDef {{\n\
          \x20   static constexpr bool TWO = {two};\n\
-         \x20   static constexpr bool CERTIFIED = {certified};\n\
          \x20   static constexpr bool SIMILARITY = {sim};\n\
          \x20   static constexpr bool NEEDS_RT0 = {needs_rt0};\n\
          \x20   static constexpr bool NEEDS_RT1 = {needs_rt1};\n\
@@ -82,9 +81,6 @@ pub fn cuda_definition<S: Semiring>() -> String {
         name = S::NAME,
         max = max as u8,
         two = S::TWO_ACCUMULATORS,
-        // Only a metric with an exact term can be probed for bounds (`lower_bounds`), whose
-        // sums count their terms in low bits: for the others that code compiles away.
-        certified = src.exact_term.is_some(),
         growth = S::ROUNDING_GROWTH,
         sim = S::SIMILARITY,
         t0 = src.total[0],
