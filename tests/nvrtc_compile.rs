@@ -69,12 +69,13 @@ fn a_drifted_argument_layout_does_not_compile() {
 
 /// ptxas's report for one kernel: (registers, bytes of spill stores).
 fn ptxas_report(log: &str, kernel: &str) -> (u32, u32) {
+    // From this kernel's heading to the next kernel's.
     let head = format!("Compiling entry function '{kernel}'");
-    let block = log
-        .split("ptxas info    : Compiling entry function")
-        .map(|part| format!("Compiling entry function{part}"))
-        .find(|part| part.starts_with(&head))
+    let at = log
+        .find(&head)
         .unwrap_or_else(|| panic!("ptxas said nothing of {kernel}:\n{log}"));
+    let rest = &log[at + head.len()..];
+    let block = &rest[..rest.find("Compiling entry function").unwrap_or(rest.len())];
     let number_before = |text: &str, marker: &str| -> u32 {
         let at = text
             .find(marker)
@@ -88,8 +89,8 @@ fn ptxas_report(log: &str, kernel: &str) -> (u32, u32) {
         digits.chars().rev().collect::<String>().parse().unwrap()
     };
     (
-        number_before(&block, "registers"),
-        number_before(&block, "bytes spill stores"),
+        number_before(block, "registers"),
+        number_before(block, "bytes spill stores"),
     )
 }
 
