@@ -11,12 +11,12 @@ run() {  # shape round
   done
 }
 for s in movielens nytimes; do
-  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  generate $s
   run $s 1; run $s 2
 done
-timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/gpu_test.log
+gpu_tests
 for s in secedgar scrna; do
-  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  generate $s
   run $s 1
 done
 echo done | tee -a $W/device.txt

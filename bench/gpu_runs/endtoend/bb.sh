@@ -14,7 +14,7 @@ one() {  # shape label env...
   grep -E "^gpu|^metric" /tmp/o.txt | tee -a $W/bench.log
 }
 for s in movielens nytimes secedgar scrna; do
-  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  generate $s
   for r in 1 2; do
     one $s default X=1
     one $s bps3 SPARSE_KNN_GPU_BLOCKS_PER_SM=3

@@ -13,10 +13,10 @@ run() {  # shape round metrics
   done
 }
 for s in movielens nytimes secedgar scrna; do
-  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet 2>&1 | tail -1 | tee -a $W/bench.log
+  generate $s
   run $s 1 cosine,manhattan
   [ $s = movielens ] || [ $s = nytimes ] && run $s 2 cosine,manhattan
   [ $s = movielens ] && run $s 1 chebyshev
 done
-timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/gpu_test.log
+gpu_tests
 echo done | tee -a $W/device.txt

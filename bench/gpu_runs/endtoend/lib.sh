@@ -16,3 +16,14 @@ alternate() {
     timeout 100 /tmp/sk_$v bench --input /tmp/$1.parquet --metrics $3 --devices gpu -k 10 --repeat 2 2>&1 | grep -E "^gpu|^metric" | tee -a $W/bench.log
   done
 }
+
+# generate SHAPE [generate's options]: the paper shape at full size, seed 0, as /tmp/SHAPE.parquet.
+generate() {
+  local s=$1; shift
+  /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet "$@" 2>&1 | tail -1 | tee -a $W/bench.log
+}
+
+# gpu_tests: every GPU test of the carried gpu_test binary, into gpu_test.log.
+gpu_tests() {
+  timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/gpu_test.log
+}
