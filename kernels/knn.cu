@@ -84,10 +84,13 @@ __device__ __forceinline__ u32 block_exclusive_scan(u32 v, u32* warp_sums, u32* 
 // in shared memory; `launch::SEG_MAP_ITEMS` on the host sizes it).
 #define SEG_ITEMS 4
 // A chunk's segments come from the map when it has at least SEG_MAP_MIN_ITEMS work items and
-// more than SEG_MAP_MIN_SEGMENTS segments (`kernels::seg_map_rule` on the host).
+// more than SEG_MAP_MIN_SEGMENTS segments, or at least SEG_MAP_MIN_ITEMS_2 and more than
+// SEG_MAP_MIN_SEGMENTS_2 (`kernels::seg_map_rule` on the host).
 #ifndef SEG_MAP_MIN_ITEMS
-#define SEG_MAP_MIN_ITEMS 513u
-#define SEG_MAP_MIN_SEGMENTS 64u
+#define SEG_MAP_MIN_ITEMS 1025u
+#define SEG_MAP_MIN_SEGMENTS 16u
+#define SEG_MAP_MIN_ITEMS_2 2049u
+#define SEG_MAP_MIN_SEGMENTS_2 8u
 #endif
 
 // Inclusive max-scan, in place, of the block's SEG_ITEMS * blockDim.x entries of `m`, each thread
@@ -146,8 +149,9 @@ template <bool MAX> __device__ __forceinline__ double block_reduce(double v, dou
     return s;
 }
 
-// Sorts (key, row) entries [0..cap) ascending (cap a power of two), all threads of the block.
-__device__ void bitonic_sort(u64* key, u32* row, int cap) {
+// Sorts (key, row) entries [0..cap) ascending (cap a power of two), all threads of the block;
+// `filt` (when not null) moves with them.
+__device__ void bitonic_sort(u64* key, u32* row, float* filt, int cap) {
     for (int size = 2; size <= cap; size <<= 1) {
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             for (int i = threadIdx.x; i < (cap >> 1); i += blockDim.x) {
@@ -161,6 +165,11 @@ __device__ void bitonic_sort(u64* key, u32* row, int cap) {
                     row[lo] = rb;
                     key[hi] = ka;
                     row[hi] = ra;
+                    if (filt) {
+                        const float f = filt[lo];
+                        filt[lo] = filt[hi];
+                        filt[hi] = f;
+                    }
                 }
             }
             __syncthreads();
@@ -169,35 +178,42 @@ __device__ void bitonic_sort(u64* key, u32* row, int cap) {
 }
 
 // The running top-k of one block: `*count` entries, unsorted after the last compaction; entries
-// not below (`*tau_key`, `*tau_row`) cannot enter.
-__device__ void topk_compact(u64* key, u32* row, int cap, int k, int* count, u64* tau_key,
-                             u32* tau_row) {
+// not below (`*tau_key`, `*tau_row`) cannot enter. With a filter (`filt` not null), each entry's
+// filter value rounded up to a float, and `*tau_filt` the k-th entry's.
+__device__ void topk_compact(u64* key, u32* row, float* filt, int cap, int k, int* count,
+                             u64* tau_key, u32* tau_row, float* tau_filt) {
     __syncthreads();
     int n = *count;
     for (int i = n + threadIdx.x; i < cap; i += blockDim.x) {
         key[i] = NO_KEY;
         row[i] = NO_ROW;
+        if (filt) filt[i] = __int_as_float(0x7f800000);  // +inf
     }
     __syncthreads();
-    bitonic_sort(key, row, cap);
+    bitonic_sort(key, row, filt, cap);
     if (threadIdx.x == 0) {
         int kept = n < k ? n : k;
         *count = kept;
         if (n >= k) {
             *tau_key = key[k - 1];
             *tau_row = row[k - 1];
+            if (filt) *tau_filt = filt[k - 1];
         }
     }
     __syncthreads();
 }
 
-// Offers (key, row) to the running top-k.
-__device__ __forceinline__ void topk_offer(u64* key, u32* row, int* count, u64 tau_key,
-                                           u32 tau_row, u64 c, u32 j) {
+// Offers (key, row) to the running top-k; when `filt` is not null, with its filter value
+// (`filter()`, computed only for an entry that gets in) rounded up to a float.
+template <typename F>
+__device__ __forceinline__ void topk_offer(u64* key, u32* row, float* filt, int* count,
+                                           u64 tau_key, u32 tau_row, u64 c, u32 j,
+                                           const F& filter) {
     if (entry_less(c, j, tau_key, tau_row)) {
         int slot = atomicAdd(count, 1);
         key[slot] = c;
         row[slot] = j;
+        if (filt) filt[slot] = __double2float_ru(filter());
     }
 }
 
@@ -349,16 +365,20 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     // are shared (acc1: a bit per rank, the left row's low, the right row's high); see `max_pair`.
     const bool MAXRED = METRIC_REDUCTION_MAX;
     const bool TWO = MetricDef::TWO || MAXRED;
-    // Shared memory: acc0[tile] (acc1[tile]) | cand_key[cap] cand_row[cap] (knn) |
-    // seg_walk[B] (8 bytes) seg_off[B] seg_rank[B] | seg_map[SEG_ITEMS * B] (u16)
+    // A knn join of a metric with a filter (`MetricDef::filter`, from its KeyForm) finishes only
+    // the rows whose filter value is below the k-th row's.
+    const bool FILTERED = MetricDef::FILTER && !RADIUS;
+    // Shared memory: acc0[tile] (acc1[tile]) | cand_key[cap] cand_row[cap] (knn) cand_filt[cap]
+    // (filtered) | seg_walk[B] (8 bytes) seg_off[B] seg_rank[B] | seg_map[SEG_ITEMS * B] (u16)
     long long* acc0 = (long long*)smem;
     long long* acc1 = acc0 + tile_rows;
     u64* cand_key = (u64*)(acc0 + (TWO ? 2 : 1) * tile_rows);
     u32* cand_row = (u32*)(cand_key + (RADIUS ? 0 : cap));
+    float* cand_filt = FILTERED ? (float*)(cand_row + cap) : nullptr;
     // What a work item reads of its segment, in one 8-byte load: the distance from its flattened
     // index to its entry in the lists (start - offset, modulo 2^32) and the left value's bits.
     // cap is a power of two (or 0), so this stays 8-byte aligned.
-    uint2* seg_walk = (uint2*)(cand_row + (RADIUS ? 0 : cap));
+    uint2* seg_walk = (uint2*)(cand_row + (RADIUS ? 0 : cap) + (FILTERED ? cap : 0));
     u32* seg_off = (u32*)(seg_walk + B);
     u32* seg_rank = seg_off + B;
     unsigned short* seg_map = (unsigned short*)(seg_rank + B);
@@ -367,6 +387,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     __shared__ int s_count;
     __shared__ u64 s_tau_key;
     __shared__ u32 s_tau_row;
+    __shared__ float s_tau_filt;
+    __shared__ double s_l_norm;
     // Rows whose sum is 0 (no shared column, for most pairs of sparse rows): where the metric's
     // distance at sum 0 is one constant (`zero_skip`: dot, cosine), they tie in row order, so
     // only the first k of them can be among the k nearest, and for a radius either all or none
@@ -405,6 +427,10 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         const double scale0 = ldexp(fixed_scale(block_reduce<true>(b0, red), deg), -cbits);
         const double scale1 = TWO ? fixed_scale(block_reduce<true>(b1, red), deg) : 1.0;
         if (threadIdx.x == 0) {
+            // A quotient filter's left factor, read by the finishing passes from shared memory:
+            // in a register it would live through the walk, which has none to spare (four
+            // blocks a SM).
+            s_l_norm = sqrt(lt0);
             s_count = 0;
             s_tau_key = NO_KEY;
             s_tau_row = NO_ROW;
@@ -479,7 +505,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     }
                 };
                 // Work item q of the flattened chunk belongs to the last segment with seg_off <= q.
-                if (total >= SEG_MAP_MIN_ITEMS && (u32)nseg > SEG_MAP_MIN_SEGMENTS) {
+                if ((total >= SEG_MAP_MIN_ITEMS && (u32)nseg > SEG_MAP_MIN_SEGMENTS)
+                    || (total >= SEG_MAP_MIN_ITEMS_2 && (u32)nseg > SEG_MAP_MIN_SEGMENTS_2)) {
                     // Several rounds over many segments (by default): each item's segment from a
                     // map, SEG_ITEMS * B items at a time (every non-empty segment marks its first
                     // item, a block-wide max-scan fills in the rest): a few instructions an item,
@@ -530,19 +557,16 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     // dropped before their valid bit is read.
                     const bool zero = a.zero_skip && raw0 == 0;
                     bool take = counted && !(zero && (RADIUS ? zeros_outside : zeros_seen >= k))
-                                && row_valid(valid_bits, j) && (long long)j != self_row;
+                                && (!valid_bits || row_valid(valid_bits, j)) && (long long)j != self_row;
                     if (take && zero && !RADIUS) atomicAdd(&s_zeros, 1);
                     if (take) {
-                        const Totals lt = {lt0, lt1};
-                        const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
-                                           MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
                         double s0 = (double)raw0 / scale0;
                         const double s1 = TWO && !MAXRED ? (double)word1 / scale1 : 0.0;
                         if (MAXRED) {
                             s0 = max_pair(__longlong_as_double(word0), (u64)word1,
                                           a.l_top + (size_t)w * TOP_VALUES,
                                           a.r_top + (size_t)j * TOP_VALUES);
-                        } else if (a.lower_bounds) {
+                        } else if (CERTIFIED_PROBES && a.lower_bounds) {
                             // The folded sum's rounding, bounded as in src/cpu/certified.rs (n
                             // terms, each within a few ulps of its parts, whose sum is at most
                             // |acc| + 2(L + R)), plus the fixed-point rounding of each term.
@@ -552,15 +576,34 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                                              + (double)deg / scale0;
                             s0 -= e;
                         }
-                        const double dist = MetricDef::finish(s0, s1, lt, rt, prm);
-                        if (RADIUS) {
-                            const double r = a.row_radius ? a.row_radius[w] : radius;
-                            radius_emit(dist, r, row, j, a.r_counter, r_cap, a.r_left,
-                                        a.r_right, a.r_dist);
-                        } else {
-                            const u64 c = double_to_ordered(MetricDef::SIMILARITY ? -dist : dist);
-                            topk_offer(cand_key, cand_row, &s_count, s_tau_key, s_tau_row, c,
-                                       (u32)j);
+                        bool wanted = true;
+                        if (FILTERED && s_tau_key != NO_KEY) {
+                            // Not below the k-th row's filter (rounded up): not nearer than it,
+                            // and rows arrive in increasing order, so a tie does not displace it
+                            // either (the CPU's rule, `select_nearest` in src/cpu/folded.rs).
+                            wanted = !MetricDef::filter_at_least(
+                                s0, lt0, s_l_norm, a.key_base ? a.key_base[j] : 0.0,
+                                (double)s_tau_filt);
+                        }
+                        if (wanted) {
+                            const Totals lt = {lt0, lt1};
+                            const Totals rt = {MetricDef::NEEDS_RT0 ? rt0[j] : 0.0,
+                                               MetricDef::NEEDS_RT1 ? rt1[j] : 0.0};
+                            const double dist = MetricDef::finish(s0, s1, lt, rt, prm);
+                            if (RADIUS) {
+                                const double r = a.row_radius ? a.row_radius[w] : radius;
+                                radius_emit(dist, r, row, j, a.r_counter, r_cap, a.r_left,
+                                            a.r_right, a.r_dist);
+                            } else {
+                                const u64 c =
+                                    double_to_ordered(MetricDef::SIMILARITY ? -dist : dist);
+                                topk_offer(cand_key, cand_row, cand_filt, &s_count, s_tau_key,
+                                           s_tau_row, c, (u32)j, [&] {
+                                               return MetricDef::filter(
+                                                   s0, lt0, s_l_norm,
+                                                   a.key_base ? a.key_base[j] : 0.0);
+                                           });
+                            }
                         }
                     }
                 }
@@ -574,13 +617,15 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     zeros_seen = s_zeros;
                     __syncthreads();
                     if (cnt > cap - B)
-                        topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
+                        topk_compact(cand_key, cand_row, cand_filt, cap, k, &s_count, &s_tau_key,
+                                     &s_tau_row, &s_tau_filt);
                 }
             }
             __syncthreads();
         }
         if (!RADIUS) {
-            topk_compact(cand_key, cand_row, cap, k, &s_count, &s_tau_key, &s_tau_row);
+            topk_compact(cand_key, cand_row, cand_filt, cap, k, &s_count, &s_tau_key, &s_tau_row,
+                         &s_tau_filt);
             topk_write(cand_key, cand_row, s_count, w, k, a.out_rows, a.out_dist, a.out_count);
             __syncthreads();
         }

@@ -64,10 +64,14 @@ kernel_args! {
         n_right: i32 = "int",
         /// Right row skipped for left row `r`: `self_first + r`, or NO_SELF.
         self_first: i64 = "long long",
+        /// A bit per valid right row, or 0 (null) when every row is valid.
         valid_bits: DevPtr = "const u32*",
         /// Right totals (float64).
         rt0: DevPtr = "const double*",
         rt1: DevPtr = "const double*",
+        /// The right rows' filter bases (`MetricDef::filter`): `rt0` itself, or √t0 for a
+        /// quotient key; 0 (null) when the metric has no filter.
+        key_base: DevPtr = "const double*",
         /// The smallest and largest |y| of the part's nonzeros: they bound the pair terms, which
         /// sets each left row's fixed-point scale.
         y_min: f64 = "double",

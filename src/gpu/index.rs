@@ -361,12 +361,16 @@ fn tile_rows(device: &Device, program: &MetricProgram) -> usize {
     // latency of the inverted lists and the shared-memory atomics.
     let per_block =
         (device.smem_optin as usize).min((device.smem_per_sm as usize / 4).saturating_sub(1024));
-    // The segment map's 4 KB come out of the slack that a top-k below MAX_DEVICE_K leaves (the
-    // candidate buffer is sized for k at launch): counted here, they would cut every tile by a
-    // sixth for all k. The block must still fit the device's limit at MAX_DEVICE_K.
+    // The segment map's 4 KB and the candidates' filter values (4 KB up to k = 512) come out of
+    // the slack that a top-k below MAX_DEVICE_K leaves (the candidate buffer is sized for k at
+    // launch): counted here, they would cut every tile by a third for all k. The block must
+    // still fit the device's limit at MAX_DEVICE_K.
     let avail = per_block
         .saturating_sub(folded_smem_without_map(MAX_DEVICE_K) + 256)
-        .min((device.smem_optin as usize).saturating_sub(folded_fixed_smem(MAX_DEVICE_K) + 256));
+        .min(
+            (device.smem_optin as usize)
+                .saturating_sub(folded_fixed_smem(MAX_DEVICE_K, program) + 256),
+        );
     let mut t = (avail / program.acc_bytes()) / 32 * 32;
     if let Some(forced) = std::env::var("SPARSE_KNN_GPU_TILE_ROWS")
         .ok()

@@ -40,6 +40,10 @@ pub struct MetricProgram {
     /// rows' totals (dot: 0, cosine: 1; checked on totals with zeros): the kernels then finish
     /// only the rows of sum 0 that can be selected.
     pub zero_distance: Option<f64>,
+    /// How the kernels rank a right row before finishing it (see [`KeyForm`]): a row whose
+    /// filter value is not below the k-th row's is not finished. The right side's per-row
+    /// `base` is its t0 (`rt0`), or for [`KeyForm::Quotient`] an array of its own.
+    pub key_form: KeyForm,
 }
 
 impl MetricProgram {
@@ -55,6 +59,7 @@ impl MetricProgram {
             two_accumulators: S::TWO_ACCUMULATORS,
             bilinear,
             zero_distance: if bilinear { zero_distance(s) } else { None },
+            key_form: S::KEY,
         }
     }
 
@@ -138,14 +143,12 @@ fn certified<S: Semiring>() -> bool {
 
 /// The translation unit of metric `S`.
 pub fn module_source<S: Semiring>() -> String {
-    let (map_items, map_segments) = seg_map_rule();
+    let [(items, segments), (items_2, segments_2)] = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {}u\n#define SEG_MAP_MIN_SEGMENTS {}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
         certified::<S>() as u8,
-        map_items,
-        map_segments,
         super::prepare::dense_defines(),
         FoldedArgs::cuda_declaration(),
         DenseArgs::cuda_declaration(),
@@ -193,19 +196,34 @@ pub fn folded_min_blocks(metric: &str) -> u32 {
 }
 
 /// When the folded kernels find each work item's segment in a map rather than by a binary
-/// search, as `#define`s: `(items, segments)`, the map where a chunk has at least `items` work
-/// items and more than `segments` segments (left nonzeros). By default, more than one round of
-/// the block and more than 64 segments: the search takes log2(segments) steps an item, the map a
-/// fixed share of each window (calls AQ, AR on an H100: movielens 5% and nytimes 7-9% faster
-/// with the map; secedgar, at most 50 segments a chunk, 1-3% slower).
-/// `SPARSE_KNN_GPU_SEG_MAP=always` or `never` overrides it (tests, benchmarks).
-fn seg_map_rule() -> (u32, u32) {
-    match std::env::var("SPARSE_KNN_GPU_SEG_MAP").as_deref() {
-        Ok("always") => (1, 0),
-        Ok("never") => (u32::MAX, u32::MAX),
-        _ => (FOLDED_THREADS + 1, 64),
+/// search, as `#define`s: two `(items, segments)` rules, the map where a chunk has at least
+/// `items` work items and more than `segments` segments (left nonzeros) by either. The search
+/// takes log2(segments) steps an item, the map a fixed share of each window of 2,048 items
+/// (zeroed, marked and max-scanned by the block), so the map pays where a chunk has many items
+/// over a few segments. Call BL (H200, cosine kernels, against the earlier single rule of more
+/// than one round and 64 segments, 1.042 s movielens, 1.585 s nytimes): (1025, 16) 1.026 and
+/// 1.501 s, (2049, 8) 0.973 and 1.574 s, (2049, 2) 1.031 and 1.585 s; the default is the first
+/// two together. `SPARSE_KNN_GPU_SEG_MAP=always`, `never`, `ITEMS,SEGMENTS` (one rule) or
+/// `ITEMS,SEGMENTS;ITEMS,SEGMENTS` overrides it (tests, benchmarks).
+fn seg_map_rule() -> [(u32, u32); 2] {
+    let parse = |rule: &str| match rule.split_once(',').map(|(i, s)| (i.parse(), s.parse())) {
+        Some((Ok(items), Ok(segments))) => Some((items, segments)),
+        _ => None,
+    };
+    let forced = std::env::var("SPARSE_KNN_GPU_SEG_MAP").ok();
+    match forced.as_deref() {
+        Some("always") => [(1, 0); 2],
+        Some("never") => [(u32::MAX, u32::MAX); 2],
+        Some(rules) => match rules.split_once(';') {
+            Some((a, b)) => parse(a).zip(parse(b)).map(|(a, b)| [a, b]),
+            None => parse(rules).map(|a| [a; 2]),
+        }
+        .unwrap_or(DEFAULT_SEG_MAP_RULE),
+        None => DEFAULT_SEG_MAP_RULE,
     }
 }
+
+const DEFAULT_SEG_MAP_RULE: [(u32, u32); 2] = [(1025, 16), (2049, 8)];
 
 /// Whether NVRTC (libnvrtc) can be loaded; cudarc panics on a missing library, so ask first.
 pub fn nvrtc_available() -> bool {

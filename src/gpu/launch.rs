@@ -17,6 +17,7 @@ use super::prepare::{
 };
 use super::stats::GpuStats;
 use crate::join::{PairList, ProbeOptions, Selection};
+use crate::metric::KeyForm;
 use crate::vector::SparseBatch;
 
 /// Room for this many radius pairs per left row before a join has found any.
@@ -31,14 +32,24 @@ pub(crate) fn cap_for(k: usize, threads: u32) -> usize {
 }
 
 /// Bytes of shared memory the folded kernels use beside the accumulators: the top-k candidates
-/// (a 64-bit key and a 32-bit row each) and the segments ([`SEGMENT_SMEM`]).
-pub(crate) fn folded_fixed_smem(k: usize) -> usize {
-    cap_for(k, FOLDED_THREADS) * 12 + SEGMENT_SMEM
+/// (a 64-bit key, a 32-bit row and, for a metric with a filter, the filter value as a float
+/// rounded up, each; see `topk_offer` in kernels/knn.cu) and the segments ([`SEGMENT_SMEM`]).
+pub(crate) fn folded_fixed_smem(k: usize, program: &MetricProgram) -> usize {
+    cap_for(k, FOLDED_THREADS) * candidate_bytes(program) + SEGMENT_SMEM
 }
 
-/// [`folded_fixed_smem`] less the segment map.
+/// Shared-memory bytes of one top-k candidate.
+fn candidate_bytes(program: &MetricProgram) -> usize {
+    12 + if program.key_form != KeyForm::Exact {
+        4
+    } else {
+        0
+    }
+}
+
+/// [`folded_fixed_smem`] less the segment map and the candidates' filter values.
 pub(crate) fn folded_smem_without_map(k: usize) -> usize {
-    folded_fixed_smem(k) - SEG_MAP_BYTES
+    cap_for(k, FOLDED_THREADS) * 12 + SEGMENT_SMEM - SEG_MAP_BYTES
 }
 
 /// Entries per thread of the kernels' segment map (`SEG_ITEMS` in kernels/knn.cu).
@@ -235,7 +246,11 @@ impl PartLaunch<'_> {
             {
                 let tile_rows = self.tile_rows.min(self.part_rows.div_ceil(32) * 32).max(32);
                 let smem = (tile_rows * program.acc_bytes()
-                    + if knn { cap * 12 } else { 0 }
+                    + if knn {
+                        cap * candidate_bytes(program)
+                    } else {
+                        0
+                    }
                     + SEGMENT_SMEM) as u32;
                 let f = device.function(program, name, smem)?;
                 if log::log_enabled!(log::Level::Debug) {
@@ -257,9 +272,18 @@ impl PartLaunch<'_> {
                     nwork: nwork as i32,
                     n_right: self.part_rows as i32,
                     self_first,
-                    valid_bits: addr(device, &self.part.valid_bits),
+                    valid_bits: if self.part.all_valid {
+                        0
+                    } else {
+                        addr(device, &self.part.valid_bits)
+                    },
                     rt0: addr(device, &self.part.rt0),
                     rt1: addr(device, &self.part.rt1),
+                    key_base: match program.key_form {
+                        KeyForm::Quotient => addr(device, &self.part.key_base),
+                        KeyForm::Shifted { .. } => addr(device, &self.part.rt0),
+                        KeyForm::Negated | KeyForm::Exact => 0,
+                    },
                     y_min: self.part.y_min,
                     y_max: self.part.y_max,
                     overflow: addr(device, &overflow),

@@ -10,7 +10,7 @@ use super::device::{cuda_err, Device};
 use super::kernels::MetricProgram;
 use super::memory::{addr, upload, zeros};
 use super::stats::GpuStats;
-use crate::metric::RowTotals;
+use crate::metric::{KeyForm, RowTotals};
 use crate::vector::SparseBatch;
 
 /// Maps a column index to a column id of the right side.
@@ -43,10 +43,14 @@ impl ColumnMap {
 pub(crate) struct HostPart {
     pub(crate) first_row: usize,
     pub(crate) rows: usize,
+    /// A bit per valid row, or empty when every row is valid ([`valid_bits`]).
     pub(crate) valid_bits: Vec<u32>,
     /// Folded metrics: the right rows' totals, and the range of |y| over the part's nonzeros.
     pub(crate) rt0: Vec<f64>,
     pub(crate) rt1: Vec<f64>,
+    /// [`KeyForm::Quotient`]: each right row's filter base (√t0, as the finish computes it);
+    /// empty otherwise (the other forms read `rt0` or nothing).
+    pub(crate) key_base: Vec<f64>,
     pub(crate) y_min: f64,
     pub(crate) y_max: f64,
     pub(crate) ntiles: usize,
@@ -79,6 +83,7 @@ impl HostPart {
             + self.valid_bits.len() * 4
             + self.rt0.len() * 8
             + self.rt1.len() * 8
+            + self.key_base.len() * 8
             + self.tile_ptr.len() * 4
             + self.col_rows.len() * 4
             + self.col_vals.len() * 4
@@ -90,8 +95,11 @@ impl HostPart {
 /// A part's buffers on the device.
 pub(crate) struct DevPart {
     pub(crate) valid_bits: CudaSlice<u32>,
+    /// Every row is valid: `valid_bits` holds nothing.
+    pub(crate) all_valid: bool,
     pub(crate) rt0: CudaSlice<f64>,
     pub(crate) rt1: CudaSlice<f64>,
+    pub(crate) key_base: CudaSlice<f64>,
     pub(crate) tile_ptr: CudaSlice<u32>,
     pub(crate) col_rows: CudaSlice<u32>,
     pub(crate) col_vals: CudaSlice<f32>,
@@ -432,7 +440,12 @@ pub(crate) fn estimate_bytes(
         + 64
 }
 
+/// A bit per row of `start..end`, set for a valid (non-null) row; empty when every row is valid
+/// (the kernels then read no bits).
 fn valid_bits(right: &SparseBatch, start: usize, end: usize) -> Vec<u32> {
+    if (start..end).all(|r| !right.is_null(r)) {
+        return Vec::new();
+    }
     let mut bits = vec![0u32; (end - start).div_ceil(32)];
     for r in start..end {
         if !right.is_null(r) {
@@ -479,6 +492,12 @@ pub(crate) fn prepare_part(
     }
     part.rt0 = totals[start..end].iter().map(|t| t.t0).collect();
     part.rt1 = totals[start..end].iter().map(|t| t.t1).collect();
+    if program.key_form == KeyForm::Quotient {
+        part.key_base = totals[start..end]
+            .iter()
+            .map(|t| program.key_form.base(t))
+            .collect();
+    }
     let (o0, o1) = (
         right.offsets()[start] as usize,
         right.offsets()[end] as usize,
@@ -736,8 +755,10 @@ fn fill_dense(
 fn upload_lists(device: &Device, host: &HostPart, stats: &mut GpuStats) -> Result<DevPart> {
     Ok(DevPart {
         valid_bits: upload(device, &host.valid_bits, stats)?,
+        all_valid: host.valid_bits.is_empty(),
         rt0: upload(device, &host.rt0, stats)?,
         rt1: upload(device, &host.rt1, stats)?,
+        key_base: upload(device, &host.key_base, stats)?,
         tile_ptr: upload(device, &host.tile_ptr, stats)?,
         col_rows: upload(device, &host.col_rows, stats)?,
         col_vals: upload(device, &host.col_vals, stats)?,

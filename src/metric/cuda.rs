@@ -58,6 +58,23 @@ pub fn cuda_definition<S: Semiring>() -> String {
             String::new()
         }
     };
+    // The filter by which the kernels skip finishing rows that cannot be selected (KeyForm).
+    let filter = match S::KEY.cuda_filter() {
+        Some((value, at_least)) => format!(
+            "    static constexpr bool FILTER = true;\n\
+             \x20   __device__ static double filter(double acc, double l_total, double l_norm, \
+             double base) {{ return {value}; }}\n\
+             \x20   __device__ static bool filter_at_least(double acc, double l_total, \
+             double l_norm, double base, double F) {{ return {at_least}; }}\n"
+        ),
+        // Never called (FILTER is false); the kernels' code names them in both cases.
+        None => "    static constexpr bool FILTER = false;\n\
+                 \x20   __device__ static double filter(double, double, double, double) \
+                 { return 0.0; }\n\
+                 \x20   __device__ static bool filter_at_least(double, double, double, double, \
+                 double) { return false; }\n"
+            .to_string(),
+    };
     format!(
         "// Metric `{name}`, generated from its definition in src/metric (not written by hand).\n\
          #define METRIC_REDUCTION_MAX {max}\n\
@@ -77,6 +94,7 @@ pub fn cuda_definition<S: Semiring>() -> String {
          \x20   __device__ static double finish(double {acc0}, double {acc1}, const Totals& {l}, \
          const Totals& {r}, const Params& {fprm}) {{ {flets}return {fin}; }}\n\
          {term}\
+         {filter}\
          }};\n",
         name = S::NAME,
         max = max as u8,

@@ -89,6 +89,30 @@ impl KeyForm {
             KeyForm::Shifted { .. } => totals.t0,
         }
     }
+
+    /// CUDA C for the filter: `(value, at_least)`, over `acc`, the left row's `l_total` (t0) and
+    /// `l_norm` (√t0), the right row's `base`, and for `at_least` a bound `F`. `value` is the
+    /// CPU's `filter_value` (src/cpu/folded.rs), the same doubles, each operation rounded on its
+    /// own (no fused multiply-add), so the GPU's filter orders rows as the `finish` it guards
+    /// does. `at_least` is true only where `value >= F`, without a division: for a quotient
+    /// −acc/p (p = l_norm·base > 0), a fused F·p + acc below 0 means acc/p < −F, and −F is a
+    /// double, so the rounded quotient is at most −F. None for [`KeyForm::Exact`].
+    pub fn cuda_filter(self) -> Option<(String, String)> {
+        let exact = |value: &str| (value.to_string(), format!("({value}) >= F"));
+        match self {
+            KeyForm::Negated => Some(exact("-acc")),
+            KeyForm::Quotient => Some((
+                "(base == 0.0 || l_norm == 0.0) ? 0.0 : -(acc / __dmul_rn(l_norm, base))".into(),
+                "(base == 0.0 || l_norm == 0.0) ? 0.0 >= F \
+                 : fma(F, __dmul_rn(l_norm, base), acc) < 0.0"
+                    .into(),
+            )),
+            KeyForm::Shifted { scale } => Some(exact(&format!(
+                "__dadd_rn(__dmul_rn(__dadd_rn(l_total, base), {scale:?}), acc)"
+            ))),
+            KeyForm::Exact => None,
+        }
+    }
 }
 
 /// The formula texts of a definition, as written (for the CUDA generator).
