@@ -313,28 +313,31 @@ __device__ __forceinline__ double max_pair(double shared_max, u64 ranks, const f
 // the low word carries exactly once, so the word is the exact 64-bit sum (mod 2^64: negative
 // terms too) once the block's adds are done; only a read during the adds could see halves apart,
 // and the kernels read accumulators only after a barrier.
+// The high word's add is not skipped when it adds 0: the terms are scaled towards 2^62 over the
+// row's degree, so it rarely does, and the test and branch cost four instructions an entry.
 __device__ __forceinline__ void shared_add_u64(long long* acc, u64 add) {
     u32* word = reinterpret_cast<u32*>(acc);  // little-endian: [0] low, [1] high
     const u32 lo = (u32)add;
     const u32 old = atomicAdd(word, lo);
     const u32 hi = (u32)(add >> 32) + (u32)(old + lo < old);
-    if (hi != 0) atomicAdd(word + 1, hi);
+    atomicAdd(word + 1, hi);
 }
 
-// Adds `term` (scaled) to a fixed-point accumulator; flags a term beyond the bound. With `cbits`
+// Adds `term` (scaled) to a fixed-point accumulator; false for a term beyond the bound (which
+// adds nothing). With `cbits`
 // > 0 the sum sits above the low `cbits` bits, which count the terms added: a pair of rows sharing
 // no column is told apart in the same atomic (the scale was lowered by 2^cbits to leave room, and
 // the count, at most the left row's degree, stays below 2^cbits, so it never carries).
-__device__ __forceinline__ void fixed_add(long long* acc, double term, double scale, u32* overflow,
+__device__ __forceinline__ bool fixed_add(long long* acc, double term, double scale,
                                           int cbits = 0) {
     const double v = term * scale;
     // No branch around the add: a branch lets the compiler load the entry's row only after its
     // value's check, one global load's latency after the other. A term beyond the bound adds
     // nothing and is reported.
     const bool fits = fabs(v) <= ldexp(4.0e18, -cbits);
-    if (!fits) *overflow = 1u;
     const u64 add = fits ? (((u64)llrint(v)) << cbits) + (u64)(cbits != 0) : 0ull;
     shared_add_u64(acc, add);
+    return fits;
 }
 
 template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
@@ -351,8 +354,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const int col_mode = a.col_mode, ncols = a.ncols;
     const int* col_ids = a.col_ids;
     const u32* tile_ptr = a.tile_ptr;
-    const u32* col_rows = a.col_rows;
-    const float* col_vals = a.col_vals;
+    const uint2* col_entries = a.col_entries;
     const int tile_rows = a.tile_rows, ntiles = a.ntiles;
     const Params prm = {a.p, a.d};
     const int k = a.k, cap = a.cap;
@@ -482,15 +484,16 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 u32 off = block_exclusive_scan(len, warp_sums, &total);
                 seg_walk[threadIdx.x] = make_uint2(sstart - off, __float_as_uint(x));
                 seg_off[threadIdx.x] = off;
-                seg_rank[threadIdx.x] = rank;
+                if (MAXRED) seg_rank[threadIdx.x] = rank;  // only a max reads the ranks
                 __syncthreads();
                 const int nseg = min(B, deg - c0);
                 // One work item: entry `pos` of the right side's lists, in segment `lo`.
                 auto walk = [&](u32 q, int lo) {
                     const uint2 seg = seg_walk[lo];
                     const u32 pos = q + seg.x;
-                    int j = (int)col_rows[pos] - tile_first;
-                    const double x = __uint_as_float(seg.y), y = col_vals[pos];
+                    const uint2 entry = col_entries[pos];  // (row, value bits)
+                    int j = (int)entry.x - tile_first;
+                    const double x = __uint_as_float(seg.y), y = __uint_as_float(entry.y);
                     if (MAXRED) {
                         const double term = MetricDef::pair0(x, y, prm);
                         atomicMax((unsigned long long*)&acc0[j],
@@ -500,8 +503,9 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                                          | (ry < 32 ? 1ull << (32 + ry) : 0ull);
                         if (bits) atomicOr((unsigned long long*)&acc1[j], bits);
                     } else {
-                        fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, a.overflow, cbits);
-                        if (TWO) fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1, a.overflow);
+                        bool fits = fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, cbits);
+                        if (TWO) fits &= fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1);
+                        if (!fits) *a.overflow = 1u;
                     }
                 };
                 // Work item q of the flattened chunk belongs to the last segment with seg_off <= q.
@@ -720,8 +724,9 @@ extern "C" __global__ void dense_fill(const DenseFillArgs a) {
         if (slot < 0) continue;
         const u32* tp = a.tile_ptr + (size_t)c * (a.ntiles + 1);
         for (u32 pos = tp[0] + lane; pos < tp[a.ntiles]; pos += 32) {
-            const size_t at = (size_t)a.col_rows[pos] * a.kp + slot;
-            const float v = a.col_vals[pos];
+            const uint2 entry = a.col_entries[pos];
+            const size_t at = (size_t)entry.x * a.kp + slot;
+            const float v = __uint_as_float(entry.y);
             a.b[at] = v;
             if (a.fast_kind == DENSE_FAST_HALF) ((unsigned short*)a.b_fast)[at] = to_half(v);
             if (a.fast_kind == DENSE_FAST_INT8) ((signed char*)a.b_fast)[at] = (signed char)(int)v;

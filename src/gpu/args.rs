@@ -93,8 +93,8 @@ kernel_args! {
         ncols: i32 = "int",
         col_ids: DevPtr = "const int*",
         tile_ptr: DevPtr = "const u32*",
-        col_rows: DevPtr = "const u32*",
-        col_vals: DevPtr = "const float*",
+        /// The inverted lists' entries: (right row, value bits) as `uint2` (src/gpu/prepare.rs).
+        col_entries: DevPtr = "const uint2*",
         /// A max (chebyshev): each right entry's rank in its row by |y| descending (255 from
         /// there on), and each right row's TOP_VALUES largest |y| (see `max_pair` in knn.cu);
         /// the same for the left chunk (ranks per entry, values per work row).
@@ -166,8 +166,7 @@ kernel_args! {
     /// A right part's dense block from its inverted lists (`dense_fill`).
     DenseFillArgs {
         tile_ptr: DevPtr = "const u32*",
-        col_rows: DevPtr = "const u32*",
-        col_vals: DevPtr = "const float*",
+        col_entries: DevPtr = "const uint2*",
         ntiles: i32 = "int",
         ncols: i32 = "int",
         dense_slot: DevPtr = "const int*",

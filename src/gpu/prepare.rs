@@ -55,8 +55,9 @@ pub(crate) struct HostPart {
     pub(crate) y_max: f64,
     pub(crate) ntiles: usize,
     pub(crate) tile_ptr: Vec<u32>,
-    pub(crate) col_rows: Vec<u32>,
-    pub(crate) col_vals: Vec<f32>,
+    /// The inverted lists' entries, each a right row (low 32 bits) and its value's float bits
+    /// (high 32): the kernels read both in one 8-byte load (`list_entry` packs them).
+    pub(crate) col_entries: Vec<u64>,
     /// A max (chebyshev): each entry's rank in its row and each row's largest values
     /// ([`max_ranks`]); empty otherwise.
     pub(crate) col_ranks: Vec<u8>,
@@ -85,8 +86,7 @@ impl HostPart {
             + self.rt1.len() * 8
             + self.key_base.len() * 8
             + self.tile_ptr.len() * 4
-            + self.col_rows.len() * 4
-            + self.col_vals.len() * 4
+            + self.col_entries.len() * 8
             + self.col_ranks.len()
             + self.r_top.len() * 4) as u64
     }
@@ -101,8 +101,7 @@ pub(crate) struct DevPart {
     pub(crate) rt1: CudaSlice<f64>,
     pub(crate) key_base: CudaSlice<f64>,
     pub(crate) tile_ptr: CudaSlice<u32>,
-    pub(crate) col_rows: CudaSlice<u32>,
-    pub(crate) col_vals: CudaSlice<f32>,
+    pub(crate) col_entries: CudaSlice<u64>,
     pub(crate) col_ranks: CudaSlice<u8>,
     pub(crate) r_top: CudaSlice<f32>,
     pub(crate) y_min: f64,
@@ -587,23 +586,21 @@ pub(crate) fn prepare_part(
                 }
             });
     }
-    part.col_rows = vec![0; nnz];
-    part.col_vals = vec![0.0; nnz];
+    part.col_entries = vec![0; nnz];
     let max = program.max_reduction;
     if max {
         part.col_ranks = vec![0; nnz];
         part.r_top = vec![0.0; rows * TOP_VALUES];
     }
     {
-        let rows_out = SharedOut(part.col_rows.as_mut_ptr());
-        let vals_out = SharedOut(part.col_vals.as_mut_ptr());
+        let entries_out = SharedOut(part.col_entries.as_mut_ptr());
         let ranks_out = SharedOut(part.col_ranks.as_mut_ptr());
         let top_out = SharedOut(part.r_top.as_mut_ptr());
         chunk_offsets
             .into_par_iter()
             .enumerate()
             .for_each(|(ch, mut fill)| {
-                let (rows_out, vals_out) = (&rows_out, &vals_out);
+                let entries_out = &entries_out;
                 let (ranks_out, top_out) = (&ranks_out, &top_out);
                 let mut ranks = Vec::new();
                 let mut top = [0f32; TOP_VALUES];
@@ -626,8 +623,8 @@ pub(crate) fn prepare_part(
                             // SAFETY: (column, chunk) ranges are disjoint and inside the buffers
                             // (their lengths are the counts of this very pass).
                             unsafe {
-                                *rows_out.0.add(*slot as usize) = (r - start) as u32;
-                                *vals_out.0.add(*slot as usize) = v;
+                                *entries_out.0.add(*slot as usize) =
+                                    list_entry((r - start) as u32, v);
                                 if max {
                                     *ranks_out.0.add(*slot as usize) = ranks[e];
                                 }
@@ -648,14 +645,19 @@ pub(crate) fn prepare_part(
         .enumerate()
         .for_each(|(c, tp)| {
             let (s, e) = (counts[c] as usize, counts[c + 1] as usize);
-            let col = &part.col_rows[s..e];
+            let col = &part.col_entries[s..e];
             for (t, slot) in tp.iter_mut().enumerate() {
                 let bound = (t * tile_rows) as u32;
-                *slot = (s + col.partition_point(|&r| r < bound)) as u32;
+                *slot = (s + col.partition_point(|&entry| (entry as u32) < bound)) as u32;
             }
             tp[ntiles] = e as u32;
         });
     part
+}
+
+/// An inverted-list entry as the kernels read it (a `uint2`): the row, then the value's bits.
+pub(crate) fn list_entry(row: u32, value: f32) -> u64 {
+    row as u64 | (value.to_bits() as u64) << 32
 }
 
 /// Largest |values| kept per row for a max (chebyshev): the kernels know which of a row's 32
@@ -715,8 +717,7 @@ fn fill_dense(
     let slot = upload(device, &host.dense_slot, stats)?;
     let args = DenseFillArgs {
         tile_ptr: addr(device, &part.tile_ptr),
-        col_rows: addr(device, &part.col_rows),
-        col_vals: addr(device, &part.col_vals),
+        col_entries: addr(device, &part.col_entries),
         ntiles: host.ntiles as i32,
         ncols: host.dense_slot.len() as i32,
         dense_slot: addr(device, &slot),
@@ -760,8 +761,7 @@ fn upload_lists(device: &Device, host: &HostPart, stats: &mut GpuStats) -> Resul
         rt1: upload(device, &host.rt1, stats)?,
         key_base: upload(device, &host.key_base, stats)?,
         tile_ptr: upload(device, &host.tile_ptr, stats)?,
-        col_rows: upload(device, &host.col_rows, stats)?,
-        col_vals: upload(device, &host.col_vals, stats)?,
+        col_entries: upload(device, &host.col_entries, stats)?,
         col_ranks: upload(device, &host.col_ranks, stats)?,
         r_top: upload(device, &host.r_top, stats)?,
         y_min: host.y_min,
@@ -851,13 +851,16 @@ mod tests {
                     let tp = &part.tile_ptr[c * (ntiles + 1)..(c + 1) * (ntiles + 1)];
                     let (s, e) = (tp[0] as usize, tp[ntiles] as usize);
                     let got: Vec<(u32, f32)> = (s..e)
-                        .map(|i| (part.col_rows[i], part.col_vals[i]))
+                        .map(|i| {
+                            let entry = part.col_entries[i];
+                            (entry as u32, f32::from_bits((entry >> 32) as u32))
+                        })
                         .collect();
                     assert_eq!(&got, want, "column {c}, {at}");
                     for t in 0..ntiles {
-                        let inside = &part.col_rows[tp[t] as usize..tp[t + 1] as usize];
+                        let inside = &part.col_entries[tp[t] as usize..tp[t + 1] as usize];
                         assert!(
-                            inside.iter().all(|&r| r as usize / tile_rows == t),
+                            inside.iter().all(|&e| (e as u32) as usize / tile_rows == t),
                             "column {c}, tile {t}, {at}"
                         );
                     }
