@@ -323,17 +323,16 @@ __device__ __forceinline__ void shared_add_u64(long long* acc, u64 add) {
     atomicAdd(word + 1, hi);
 }
 
-// Adds `term` (scaled) to a fixed-point accumulator; false for a term beyond the bound (which
-// adds nothing). With `cbits`
-// > 0 the sum sits above the low `cbits` bits, which count the terms added: a pair of rows sharing
-// no column is told apart in the same atomic (the scale was lowered by 2^cbits to leave room, and
-// the count, at most the left row's degree, stays below 2^cbits, so it never carries).
+// Adds `term` (scaled) to a fixed-point accumulator; false for a term beyond the bound, which
+// adds nothing (the caller reports it). With `cbits` > 0 the sum sits above the low `cbits` bits,
+// which count the terms added: a pair of rows sharing no column is told apart in the same atomic
+// (the scale was lowered by 2^cbits to leave room, and the count, at most the left row's degree,
+// stays below 2^cbits, so it never carries).
 __device__ __forceinline__ bool fixed_add(long long* acc, double term, double scale,
                                           int cbits = 0) {
     const double v = term * scale;
     // No branch around the add: a branch lets the compiler load the entry's row only after its
-    // value's check, one global load's latency after the other. A term beyond the bound adds
-    // nothing and is reported.
+    // value's check, one global load's latency after the other.
     const bool fits = fabs(v) <= ldexp(4.0e18, -cbits);
     const u64 add = fits ? (((u64)llrint(v)) << cbits) + (u64)(cbits != 0) : 0ull;
     shared_add_u64(acc, add);
