@@ -501,13 +501,20 @@ pub(crate) fn prepare_part(
         right.offsets()[start] as usize,
         right.offsets()[end] as usize,
     );
+    // In float32 over blocks (the extremes of floats are floats): a filter and a map per value
+    // in float64 took 120 ms of the movielens shape's 320 ms on 2 cores.
     let (y_min, y_max) = right.values()[o0..o1]
-        .par_iter()
-        .filter(|v| **v != 0.0)
-        .map(|v| (v.abs() as f64, v.abs() as f64))
-        .reduce(|| (f64::INFINITY, 0.0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
-    part.y_min = if y_min.is_finite() { y_min } else { 0.0 };
-    part.y_max = y_max;
+        .par_chunks(1 << 16)
+        .map(|block| {
+            block.iter().fold((f32::INFINITY, 0f32), |(lo, hi), v| {
+                let a = v.abs();
+                // (a select, not a branch: the loop vectorises)
+                (lo.min(if a != 0.0 { a } else { f32::INFINITY }), hi.max(a))
+            })
+        })
+        .reduce(|| (f32::INFINITY, 0.0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+    part.y_min = if y_min.is_finite() { y_min as f64 } else { 0.0 };
+    part.y_max = y_max as f64;
     // CSC over the part's rows, row-sorted within each column, built in parallel: each chunk of
     // rows counts its entries per column, the counts give every (column, chunk) its own output
     // range in row order, and the chunks fill their ranges at once.
@@ -587,6 +594,7 @@ pub(crate) fn prepare_part(
             });
     }
     part.col_entries = vec![0; nnz];
+    advise_huge_pages(&part.col_entries);
     let max = program.max_reduction;
     if max {
         part.col_ranks = vec![0; nnz];
@@ -640,19 +648,46 @@ pub(crate) fn prepare_part(
     let ntiles = rows.div_ceil(tile_rows).max(1);
     part.ntiles = ntiles;
     part.tile_ptr = vec![0u32; ncols * (ntiles + 1)];
+    advise_huge_pages(&part.tile_ptr);
     part.tile_ptr
         .par_chunks_mut(ntiles + 1)
         .enumerate()
         .for_each(|(c, tp)| {
             let (s, e) = (counts[c] as usize, counts[c + 1] as usize);
+            // One pass over the column's rows (sorted) beside the tile bounds.
             let col = &part.col_entries[s..e];
-            for (t, slot) in tp.iter_mut().enumerate() {
+            let mut i = 0;
+            for (t, slot) in tp[..ntiles].iter_mut().enumerate() {
                 let bound = (t * tile_rows) as u32;
-                *slot = (s + col.partition_point(|&entry| (entry as u32) < bound)) as u32;
+                while i < col.len() && (col[i] as u32) < bound {
+                    i += 1;
+                }
+                *slot = (s + i) as u32;
             }
             tp[ntiles] = e as u32;
         });
     part
+}
+
+/// Asks the kernel to back `buffer`'s untouched pages with 2 MiB pages (Linux, transparent huge
+/// pages in `madvise` mode, the common default): the inverted lists and the tile pointers are
+/// fresh zeroed memory written once at random, and faulting them in 4 KiB at a time bounded the
+/// build (1-2 GB/s on 2 cores). Elsewhere, or where the kernel declines, nothing changes.
+fn advise_huge_pages<T>(buffer: &[T]) {
+    #[cfg(target_os = "linux")]
+    {
+        const HUGE: usize = 2 << 20;
+        let at = buffer.as_ptr() as usize;
+        let (start, end) = (
+            at.next_multiple_of(HUGE),
+            (at + std::mem::size_of_val(buffer)) / HUGE * HUGE,
+        );
+        if end > start {
+            // SAFETY: the range lies inside `buffer`'s allocation; the advice changes how its
+            // pages are backed, never their contents.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
+        }
+    }
 }
 
 /// An inverted-list entry as the kernels read it (a `uint2`): the row, then the value's bits.
@@ -846,6 +881,20 @@ mod tests {
                 }
                 let ntiles = part.ntiles;
                 let at = format!("rows {start}..{end} on {threads} threads");
+                let magnitudes = || {
+                    rows[start..end]
+                        .iter()
+                        .flatten()
+                        .map(|&(_, v)| v.abs() as f64)
+                        .filter(|&a| a != 0.0)
+                };
+                let y_min = magnitudes().fold(f64::INFINITY, f64::min);
+                let y_max = magnitudes().fold(0.0, f64::max);
+                assert_eq!(
+                    (part.y_min, part.y_max),
+                    (if y_min.is_finite() { y_min } else { 0.0 }, y_max),
+                    "{at}"
+                );
                 assert_eq!(ntiles, (end - start).div_ceil(tile_rows).max(1), "{at}");
                 for (c, want) in columns.iter().enumerate() {
                     let tp = &part.tile_ptr[c * (ntiles + 1)..(c + 1) * (ntiles + 1)];
