@@ -98,7 +98,8 @@ fn ptxas_report(log: &str, kernel: &str) -> (u32, u32) {
 /// (`kernels::folded_min_blocks`) fit the 32 registers that takes with at most one spilled word:
 /// more would put the walk's registers in local memory, slower than the three blocks the
 /// compiler's own choice runs. (At this bound ptxas keeps some radius kernels' per-thread
-/// shared-memory address in local memory, 4 bytes, reloaded once per chunk of left nonzeros.) Needs ptxas (pip's nvidia-cuda-nvcc), named by SPARSE_KNN_PTXAS; CI sets it and
+/// shared-memory address in local memory, 4 bytes, reloaded once per chunk of left nonzeros.)
+/// Needs ptxas (pip's nvidia-cuda-nvcc), named by SPARSE_KNN_PTXAS; CI sets it and
 /// SPARSE_KNN_REQUIRE_PTXAS=1, without which a missing ptxas skips with a note.
 #[test]
 fn four_block_folded_kernels_fit_32_registers() {

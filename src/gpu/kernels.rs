@@ -44,6 +44,9 @@ pub struct MetricProgram {
     /// filter value is not below the k-th row's is not finished. The right side's per-row
     /// `base` is its t0 (`rt0`), or for [`KeyForm::Quotient`] an array of its own.
     pub key_form: KeyForm,
+    /// The kernels were generated with a filter (`MetricDef::FILTER`: the form has
+    /// [`KeyForm::cuda_filter`]), so a knn launch keeps a filter value per top-k candidate.
+    pub filtered: bool,
 }
 
 impl MetricProgram {
@@ -60,6 +63,7 @@ impl MetricProgram {
             bilinear,
             zero_distance: if bilinear { zero_distance(s) } else { None },
             key_form: S::KEY,
+            filtered: S::KEY.cuda_filter().is_some(),
         }
     }
 

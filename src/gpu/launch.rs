@@ -40,11 +40,7 @@ pub(crate) fn folded_fixed_smem(k: usize, program: &MetricProgram) -> usize {
 
 /// Shared-memory bytes of one top-k candidate.
 fn candidate_bytes(program: &MetricProgram) -> usize {
-    12 + if program.key_form != KeyForm::Exact {
-        4
-    } else {
-        0
-    }
+    12 + if program.filtered { 4 } else { 0 }
 }
 
 /// [`folded_fixed_smem`] less the segment map and the candidates' filter values.
