@@ -361,9 +361,10 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const u64 r_cap = a.r_cap;
     extern __shared__ __align__(16) unsigned char smem[];
     const int B = blockDim.x;
-    // A max (chebyshev) keeps per pair the largest shared |x - y| (acc0, a double's bits: their
-    // order is the order of non-negative doubles) and which of both rows' 32 largest entries
-    // are shared (acc1: a bit per rank, the left row's low, the right row's high); see `max_pair`.
+    // A max (chebyshev) keeps per pair the largest shared |x - y| (acc0's low word: a float
+    // rounded down, whose bits order as non-negative floats do) and which of both rows' 32
+    // largest entries are shared (acc1: a bit per rank, the left row's low word, the right row's
+    // high word); see `max_pair`.
     const bool MAXRED = METRIC_REDUCTION_MAX;
     const bool TWO = MetricDef::TWO || MAXRED;
     // A knn join of a metric with a filter (`MetricDef::filter`, from its KeyForm) finishes only
@@ -494,13 +495,15 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     int j = (int)entry.x - tile_first;
                     const double x = __uint_as_float(seg.y), y = __uint_as_float(entry.y);
                     if (MAXRED) {
-                        const double term = MetricDef::pair0(x, y, prm);
-                        atomicMax((unsigned long long*)&acc0[j],
-                                  (unsigned long long)__double_as_longlong(term));
+                        // Native 32-bit shared atomics (a 64-bit max or or is a compare-and-swap
+                        // loop on sm_90): the term rounded down to a float, a lower bound as the
+                        // certified path needs (exact for differences a float holds: counts).
+                        const float term = __double2float_rd(MetricDef::pair0(x, y, prm));
+                        atomicMax(reinterpret_cast<u32*>(&acc0[j]), __float_as_uint(term));
+                        u32* ranks = reinterpret_cast<u32*>(&acc1[j]);  // [0] left, [1] right
                         const u32 rx = seg_rank[lo], ry = a.col_ranks[pos];
-                        const u64 bits = (rx < 32 ? 1ull << rx : 0ull)
-                                         | (ry < 32 ? 1ull << (32 + ry) : 0ull);
-                        if (bits) atomicOr((unsigned long long*)&acc1[j], bits);
+                        if (rx < 32) atomicOr(ranks, 1u << rx);
+                        if (ry < 32) atomicOr(ranks + 1, 1u << ry);
                     } else {
                         bool fits = fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, cbits);
                         if (TWO) fits &= fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1);
@@ -566,7 +569,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                         double s0 = (double)raw0 / scale0;
                         const double s1 = TWO && !MAXRED ? (double)word1 / scale1 : 0.0;
                         if (MAXRED) {
-                            s0 = max_pair(__longlong_as_double(word0), (u64)word1,
+                            s0 = max_pair((double)__uint_as_float((u32)word0), (u64)word1,
                                           a.l_top + (size_t)w * TOP_VALUES,
                                           a.r_top + (size_t)j * TOP_VALUES);
                         } else if (CERTIFIED_PROBES && a.lower_bounds) {

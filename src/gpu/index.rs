@@ -827,8 +827,9 @@ impl GpuIndex {
     /// union (chebyshev), exactly: a folded sum cancels for large, nearly equal values, and a max
     /// read from the inverted lists knows only which of each row's 32 largest entries are shared,
     /// so the kernels return bounds instead (the folded sum shifted by its proven rounding error;
-    /// a max's are exact unless a row's 32 largest are all shared). Candidates are computed
-    /// exactly over the union on the host and selected there.
+    /// a max's are exact unless a row's 32 largest are all shared or a shared difference is not
+    /// a float: it is rounded down to one). Candidates are computed exactly over the union on the
+    /// host and selected there.
     ///
     /// k nearest: a first pass keeps each left row's `wide` rows of smallest (lower bound, row);
     /// computed exactly, they give a k-th answer (D, row); when that comes before the last row
