@@ -3,7 +3,11 @@
 
 Reads any mix of
   * `sparse-knn bench --json FILE` output (an object with "dataset" and "runs": per metric and
-    device, wall_s, kernel_s, queries, rows, projected_full_join_s, error), and
+    device, wall_s, kernel_s, queries, rows, projected_full_join_s, error),
+  * a log holding `sparse-knn bench`'s printed tables (any file that is not JSON: a device
+    call's log.txt, where only a few files come back): each table row is put with the shape
+    whose rows and nonzeros it has, named by the log's `generate: SHAPE R rows x C cols, nnz N`
+    lines or anchors.py's `SHAPE {"rows": R, ..., "nnz": N}` lines, and
   * `../shared/bench/anchors.py`'s anchors.json (a list of
     [dataset, system, metric, queries, seconds, projected_full_self_join_seconds]),
 and draws one panel per dataset shape: metrics along x, one bar per system (ours per device, each
@@ -124,15 +128,55 @@ def read_anchors(rows, args, pts):
             pts.add(system, shape, metric, projected_s, False)
 
 
+def read_bench_log(text, label, args, pts):
+    """`sparse-knn bench` tables in a log: `metric M` then `DEVICE rows nnz queries k wall_s
+    fixed_s kernel_s peak_MiB pairs/s full_join_s` rows ('-' for none)."""
+    shapes = {}
+    for m in re.finditer(r"^generate: (\S+) (\d+) rows x \d+ cols, nnz (\d+)", text, re.M):
+        shapes[(int(m.group(2)), int(m.group(3)))] = m.group(1)
+    for m in re.finditer(r"^(\S+) (\{.*\})", text, re.M):
+        try:
+            info = json.loads(m.group(2))
+            shapes[(int(info["rows"]), int(info["nnz"]))] = m.group(1)
+        except (ValueError, KeyError, TypeError):
+            pass
+    runs = OrderedDict()
+    metric = None
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[0] == "metric":
+            metric = words[1]
+        elif metric and len(words) == 11 and words[1].isdigit() and words[2].isdigit():
+            rows, nnz = int(words[1]), int(words[2])
+            shape = shapes.get((rows, nnz))
+            if shape is None:
+                pts.skipped.append(f"{label}: a {metric} row of {rows} rows, {nnz} nonzeros names no shape")
+                continue
+            num = lambda w: None if w == "-" else float(w)
+            runs.setdefault(shape, []).append({
+                "metric": metric, "device": words[0], "rows": rows, "queries": int(words[3]),
+                "wall_s": num(words[5]), "kernel_s": num(words[7]),
+                "projected_full_join_s": num(words[10]), "error": None,
+            })
+    if not runs:
+        sys.exit("plot.py: the log holds no `sparse-knn bench` table rows")
+    for shape, shape_runs in runs.items():
+        read_ours({"dataset": shape, "rows": shape_runs[0]["rows"], "runs": shape_runs}, label, args, pts)
+
+
 def load(spec, args, pts):
     label, path = "ours", spec
     if "=" in spec and not os.path.exists(spec):
         label, path = spec.split("=", 1)
     try:
         with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
+            text = f.read()
+    except OSError as e:
         sys.exit(f"plot.py: cannot read {path}: {e}")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return read_bench_log(text, label, args, pts)
     if isinstance(data, dict) and "runs" in data:
         read_ours(data, label, args, pts)
     elif isinstance(data, list) and all(isinstance(r, list) and len(r) >= 6 for r in data):
@@ -250,7 +294,9 @@ def main():
     handles = [Patch(facecolor=colour[s], edgecolor="black", label=s) for s in systems]
     if any_projected:
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="ours, projected from Q queries"))
-    fig.legend(handles=handles, loc="upper center", ncol=min(len(handles), 6), frameon=False)
+    # (below the title, when there is one)
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.96 if args.title else 1.0),
+               ncol=min(len(handles), 6), frameon=False)
     note = (
         "ours: measured full self-join (hatched: projected from a Q-query run); anchors: projected from their Q-query runs"
         if args.time == "full"
@@ -258,8 +304,8 @@ def main():
     )
     fig.text(0.5, 0.005, note, ha="center", va="bottom", fontsize=8, style="italic")
     if args.title:
-        fig.suptitle(args.title, y=1.02)
-    fig.tight_layout(rect=(0, 0.03, 1, 0.93))
+        fig.suptitle(args.title, y=0.995)
+    fig.tight_layout(rect=(0, 0.03, 1, 0.9 if args.title else 0.93))
     fig.savefig(args.out, dpi=120, bbox_inches="tight")
     print(f"plot.py: wrote {args.out} ({len(shapes)} shapes, {len(systems)} systems)")
 

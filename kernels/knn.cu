@@ -737,6 +737,86 @@ extern "C" __global__ void dense_fill(const DenseFillArgs a) {
 #endif
 }
 
+// The right part's inverted lists built on the device from its CSR (src/gpu/lists.rs): each
+// (column, tile)'s entries counted, the counts scanned into the tile pointers, then each entry
+// placed at its (column, tile)'s cursor. Inside a tile's segment entries land in any order: the
+// folded kernels add integers and take maxima, and `dense_fill` writes each entry's own slot,
+// so no result depends on it. A warp per row.
+__device__ __forceinline__ u32* list_counter(const ListArgs& a, int r, int e) {
+    const int col = map_column(a.r_idx[e], a.col_mode, a.ncols, a.col_ids);
+    return a.cursor + (size_t)col * (a.ntiles + 1) + r / a.tile_rows;
+}
+
+extern "C" __global__ void list_count(const ListArgs a) {
+    const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+    for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
+        for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32)
+            if (a.r_val[e] != 0.0f) atomicAdd(list_counter(a, r, e), 1u);
+    }
+}
+
+// The exclusive scan of the n counts (column-major, ntiles + 1 a column, the last always 0, so
+// that it becomes the column's end): LIST_SCAN_ITEMS a thread, a block's sum each, ...
+#define LIST_SCAN_ITEMS 4
+extern "C" __global__ void list_scan_sums(const ListArgs a) {
+    __shared__ u32 warp_sums[32];
+    const size_t first = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LIST_SCAN_ITEMS;
+    u32 sum = 0;
+    for (int i = 0; i < LIST_SCAN_ITEMS; ++i)
+        if (first + i < (size_t)a.n) sum += a.cursor[first + i];
+    u32 total;
+    block_exclusive_scan(sum, warp_sums, &total);
+    if (threadIdx.x == 0) a.block_sums[blockIdx.x] = total;
+}
+
+// ... the blocks' sums scanned in place by one block, ...
+extern "C" __global__ void list_scan_blocks(const ListArgs a) {
+    __shared__ u32 warp_sums[32];
+    u32 carry = 0;
+    for (u32 b0 = 0; b0 < (u32)a.nblocks; b0 += blockDim.x) {
+        const u32 b = b0 + threadIdx.x;
+        const u32 v = b < (u32)a.nblocks ? a.block_sums[b] : 0u;
+        u32 total;
+        const u32 before = block_exclusive_scan(v, warp_sums, &total);
+        if (b < (u32)a.nblocks) a.block_sums[b] = carry + before;
+        carry += total;
+    }
+}
+
+// ... and every count replaced by its prefix, in the tile pointers and in the fill's cursors.
+extern "C" __global__ void list_scan_apply(const ListArgs a) {
+    __shared__ u32 warp_sums[32];
+    const size_t first = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * LIST_SCAN_ITEMS;
+    u32 v[LIST_SCAN_ITEMS], sum = 0;
+    for (int i = 0; i < LIST_SCAN_ITEMS; ++i) {
+        v[i] = first + i < (size_t)a.n ? a.cursor[first + i] : 0u;
+        sum += v[i];
+    }
+    u32 total;
+    u32 at = a.block_sums[blockIdx.x] + block_exclusive_scan(sum, warp_sums, &total);
+    for (int i = 0; i < LIST_SCAN_ITEMS; ++i) {
+        if (first + i < (size_t)a.n) {
+            a.tile_ptr[first + i] = at;
+            a.cursor[first + i] = at;
+        }
+        at += v[i];
+    }
+}
+
+extern "C" __global__ void list_fill(const ListArgs a) {
+    const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
+    for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
+        for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32) {
+            const float v = a.r_val[e];
+            if (v != 0.0f) {
+                const u32 pos = atomicAdd(list_counter(a, r, e), 1u);
+                a.col_entries[pos] = make_uint2((u32)r, __float_as_uint(v));
+                if (a.col_ranks) a.col_ranks[pos] = a.r_rank[e];
+            }
+        }
+    }
+}
+
 #if __CUDA_ARCH__ >= 800
 __device__ __forceinline__ u32 to_tf32(u32 bits) {
     u32 r;

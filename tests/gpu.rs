@@ -1101,3 +1101,100 @@ fn one_index_probed_from_several_threads_at_once() {
         }
     }
 }
+
+/// The inverted lists built on the device (the default for a right side held whole) give the
+/// very bits of the host's build (`SPARSE_KNN_GPU_LISTS=host`), whose entries are in row order
+/// where the device's land in any order inside a tile: every metric (a max's ranks placed
+/// beside the entries), knn and radius, across tiles, with explicit zeros, unsorted
+/// rows, null and empty rows, column ids sorted on the device (indices up to 2^31) and dense
+/// columns on the tensor cores.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn lists_built_on_the_device_give_the_hosts_bits() {
+    if !gpu_or_skip() {
+        return;
+    }
+    std::env::set_var("SPARSE_KNN_GPU_TILE_ROWS", "256");
+    let mut rng = StdRng::seed_from_u64(41);
+    let mut direct = random_rows(&mut rng, 2500, DIM, 400, &[]);
+    for (r, row) in direct.iter_mut().enumerate() {
+        if let Some(row) = row.as_mut().filter(|_| r % 7 == 0) {
+            // explicit zeros stay out of the lists
+            for (i, entry) in row.iter_mut().enumerate() {
+                if i % 3 == 0 {
+                    entry.1 = 0.0;
+                }
+            }
+        }
+    }
+    // The same rows with ids spread up to 2^31 - 1: the column map becomes a sorted search.
+    let spread: Vec<_> = direct
+        .iter()
+        .map(|row| {
+            row.as_ref()
+                .map(|row| row.iter().map(|&(c, v)| (c * 700_001 + 3, v)).collect())
+        })
+        .collect();
+    let dense = rows_with_dense_columns(&mut rng, 1500, 24, |rng| rng.random_range(1..3000) as f32);
+    type Rows = [Option<Vec<(i32, f32)>>];
+    let cases: [(&str, &Rows, u64, DenseColumnChoice); 3] = [
+        ("direct ids", &direct, DIM, DenseColumnChoice::Off),
+        (
+            "sorted ids",
+            &spread,
+            i32::MAX as u64,
+            DenseColumnChoice::Off,
+        ),
+        (
+            "dense columns",
+            &dense,
+            DIM,
+            DenseColumnChoice::MinShare(0.15),
+        ),
+    ];
+    for (case, rows, dim, dense_columns) in cases {
+        let right = batch(rows);
+        let left = batch(&rows[..300]);
+        let options = GpuOptions {
+            dense_columns,
+            ..GpuOptions::default()
+        };
+        for kind in MetricKind::all() {
+            let m = metric(kind, dim);
+            let mut answers = Vec::new();
+            for lists in ["host", "device"] {
+                std::env::set_var("SPARSE_KNN_GPU_LISTS", lists);
+                let index = GpuIndex::build(&right, &m, &options)
+                    .unwrap_or_else(|e| panic!("{case} {kind} {lists}: build: {e}"));
+                let po = ProbeOptions {
+                    exclude_self_from: Some(0),
+                };
+                let knn = index.probe(&left, Selection::Nearest(10), po).unwrap();
+                // a radius around the 10th neighbour's distance: about ten pairs a row
+                let radius = median(&knn.distance);
+                let within = index.probe(&left, Selection::Within(radius), po).unwrap();
+                answers.push((knn, within));
+            }
+            std::env::remove_var("SPARSE_KNN_GPU_LISTS");
+            let (host, device) = (&answers[0], &answers[1]);
+            assert!(!host.0.is_empty(), "{case} {kind}: no pairs");
+            for (label, a, b) in [("knn", &host.0, &device.0), ("radius", &host.1, &device.1)] {
+                assert_eq!(a.left, b.left, "{case} {kind} {label}: left rows");
+                assert_eq!(a.right, b.right, "{case} {kind} {label}: right rows");
+                let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&a.distance),
+                    bits(&b.distance),
+                    "{case} {kind} {label}: distances"
+                );
+            }
+        }
+    }
+    std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|d| d.is_finite()).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(1.0)
+}

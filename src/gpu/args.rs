@@ -177,3 +177,34 @@ kernel_args! {
         fast_kind: i32 = "int",
     }
 }
+
+kernel_args! {
+    /// A right part's inverted lists built on the device from its CSR (`list_count`,
+    /// `list_scan_*`, `list_fill`; src/gpu/lists.rs).
+    ListArgs {
+        /// The part's CSR: row pointers from 0, column indices and values.
+        r_off: DevPtr = "const u32*",
+        r_idx: DevPtr = "const int*",
+        r_val: DevPtr = "const float*",
+        rows: i32 = "int",
+        tile_rows: i32 = "int",
+        ntiles: i32 = "int",
+        /// The column map, as in `FoldedArgs`.
+        col_mode: i32 = "int",
+        ncols: i32 = "int",
+        col_ids: DevPtr = "const int*",
+        /// Counters, one per (column, tile) and one more per column (ncols x (ntiles + 1)):
+        /// the counts, then the fill's cursors.
+        cursor: DevPtr = "u32*",
+        n: i64 = "long long",
+        /// The scan's per-block sums, and how many blocks.
+        block_sums: DevPtr = "u32*",
+        nblocks: i64 = "long long",
+        /// The outputs, as `FoldedArgs` reads them.
+        tile_ptr: DevPtr = "u32*",
+        col_entries: DevPtr = "uint2*",
+        /// A max: each CSR entry's rank in its row, and the lists' ranks to fill; else 0.
+        r_rank: DevPtr = "const unsigned char*",
+        col_ranks: DevPtr = "unsigned char*",
+    }
+}

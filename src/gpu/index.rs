@@ -21,6 +21,7 @@ use super::kernels::MetricProgram;
 use super::launch::{
     folded_fixed_smem, folded_smem_without_map, PartLaunch, DEFAULT_RADIUS_PAIRS_PER_ROW,
 };
+use super::lists::{self, ListSource};
 use super::memory::upload;
 use super::prepare::{
     choose_dense_columns, dense_bytes_per_left_row, estimate_bytes, fast_kind, prepare_part,
@@ -122,6 +123,8 @@ struct Layout {
     ranges: Vec<(usize, usize)>,
     /// Bilinear metrics on tensor cores: the columns multiplied as a dense block.
     dense: Option<DenseColumns>,
+    /// The one part's inverted lists are built on the device ([`super::lists`]).
+    lists_on_device: bool,
 }
 
 impl Layout {
@@ -220,6 +223,22 @@ impl Layout {
             ranges.push((start, end));
             start = end;
         }
+        // A part held whole builds its lists on the device when the CSR and the counters fit
+        // beside it.
+        let lists_on_device = ranges.len() == 1
+            && rows > 0
+            && columns.len() > 0
+            && lists::on_device_allowed()
+            && total_estimate
+                + lists::scratch_bytes(
+                    right,
+                    0,
+                    rows,
+                    columns.len(),
+                    rows.div_ceil(tile_rows),
+                    program.max_reduction,
+                )
+                <= budget / 10 * 8;
         Layout {
             program,
             columns,
@@ -227,6 +246,7 @@ impl Layout {
             budget,
             ranges,
             dense,
+            lists_on_device,
         }
     }
 
@@ -265,6 +285,7 @@ impl Layout {
                         columns: &self.columns,
                         tile_rows: self.tile_rows,
                         dense: self.dense.as_ref(),
+                        lists_on_device: self.lists_on_device,
                     },
                 )
             })
@@ -412,11 +433,12 @@ struct Uploaded {
 /// that stays (None when there are several parts: they stay on the host, streamed per probe).
 fn upload_layout(
     device: &Device,
-    program: &MetricProgram,
-    columns: &ColumnMap,
+    layout: &Layout,
+    right: &SparseBatch,
     resident: Option<&HostPart>,
     stats: &mut GpuStats,
 ) -> Result<Uploaded> {
+    let (program, columns) = (&layout.program, &layout.columns);
     device
         .ctx
         .bind_to_thread()
@@ -425,15 +447,32 @@ fn upload_layout(
         ColumnMap::Sorted(ids) => (Some(upload(device, ids, stats)?), ids.len() as u64 * 4),
         ColumnMap::Direct(_) => (None, 0),
     };
+    let resident_part = resident;
     let resident = resident
-        .map(|part| upload_part(device, program, part, stats))
+        .map(|part| {
+            let source = ListSource {
+                right,
+                columns,
+                col_ids: col_ids.as_ref(),
+                tile_rows: layout.tile_rows,
+            };
+            upload_part(device, program, part, Some(&source), stats)
+        })
         .transpose()?;
     device
         .stream
         .synchronize()
         .map_err(cuda_err("uploading the right side"))?;
     let resident_bytes = col_bytes + resident.as_ref().map_or(0, |dev| dev.bytes);
-    stats.peak_device_bytes = resident_bytes;
+    // (the lists' build held its scratch beside the part for a moment)
+    let scratch = resident_part
+        .filter(|part| part.device_lists.is_some())
+        .map_or(0, |part| {
+            let end = part.first_row + part.rows;
+            let max = program.max_reduction;
+            lists::scratch_bytes(right, part.first_row, end, columns.len(), part.ntiles, max)
+        });
+    stats.peak_device_bytes = resident_bytes + scratch;
     record_process_stats(stats);
     Ok(Uploaded {
         resident: resident.map(|dev| vec![dev]),
@@ -474,13 +513,7 @@ impl GpuIndex {
             .collect();
         let mut stats = GpuStats::default();
         let resident = (host_parts.len() == 1).then(|| &host_parts[0]);
-        let mut uploaded = upload_layout(
-            &device,
-            &layout.program,
-            &layout.columns,
-            resident,
-            &mut stats,
-        )?;
+        let mut uploaded = upload_layout(&device, &layout, right, resident, &mut stats)?;
         if host_parts.len() > 1 {
             uploaded.host_parts = Some(host_parts);
         } else {
@@ -539,10 +572,10 @@ impl GpuIndex {
             let handles: Vec<_> = devices
                 .iter()
                 .map(|d| {
-                    let (part, columns, program) = (&part, &layout.columns, &layout.program);
+                    let (part, layout) = (&part, &layout);
                     scope.spawn(move || {
                         let mut stats = GpuStats::default();
-                        let up = upload_layout(d, program, columns, Some(part), &mut stats)?;
+                        let up = upload_layout(d, layout, right, Some(part), &mut stats)?;
                         Ok((up, stats))
                     })
                 })
@@ -747,7 +780,7 @@ impl GpuIndex {
                         .host_parts
                         .as_ref()
                         .expect("host parts when not resident")[p];
-                    streamed = upload_part(device, &self.program, host, stats)?;
+                    streamed = upload_part(device, &self.program, host, None, stats)?;
                     let b = streamed.bytes;
                     (&streamed, b)
                 }

@@ -5,7 +5,7 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use datafusion::common::{exec_datafusion_err, Result};
 
-use super::args::{DenseArgs, DenseFillArgs, FoldedArgs};
+use super::args::{DenseArgs, DenseFillArgs, FoldedArgs, ListArgs};
 use crate::metric::cuda::cuda_definition;
 use crate::metric::{KeyForm, Params, Reduction, RowTotals, Semiring};
 
@@ -149,7 +149,7 @@ fn certified<S: Semiring>() -> bool {
 pub fn module_source<S: Semiring>() -> String {
     let [(items, segments), (items_2, segments_2)] = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{KERNELS}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
         certified::<S>() as u8,
@@ -157,6 +157,7 @@ pub fn module_source<S: Semiring>() -> String {
         FoldedArgs::cuda_declaration(),
         DenseArgs::cuda_declaration(),
         DenseFillArgs::cuda_declaration(),
+        ListArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }

@@ -16,6 +16,7 @@ mod device;
 mod index;
 pub mod kernels;
 mod launch;
+mod lists;
 mod memory;
 mod prepare;
 mod stats;

@@ -8,6 +8,7 @@ use rayon::prelude::*;
 use super::args::DenseFillArgs;
 use super::device::{cuda_err, Device};
 use super::kernels::MetricProgram;
+use super::lists::ListSource;
 use super::memory::{addr, upload, zeros};
 use super::stats::GpuStats;
 use crate::metric::{KeyForm, RowTotals};
@@ -62,6 +63,9 @@ pub(crate) struct HostPart {
     /// ([`max_ranks`]); empty otherwise.
     pub(crate) col_ranks: Vec<u8>,
     pub(crate) r_top: Vec<f32>,
+    /// A max whose lists are built on the device: each entry's rank in its row, in the part's
+    /// CSR order (the device places them beside the entries).
+    pub(crate) entry_ranks: Vec<u8>,
     /// dot and cosine with dense columns ([`DenseColumns`]): the column ids' slots, the dense
     /// block's width (0: no dense columns) and padded rows, and its values' flags; the block
     /// itself (the part's rows in those columns, n_pad x kp, row-major, and its half copy) is
@@ -70,6 +74,17 @@ pub(crate) struct HostPart {
     pub(crate) dense_kp: usize,
     pub(crate) dense_n_pad: usize,
     pub(crate) dense_flags: u32,
+    /// Set when the inverted lists are left for the device to build from the part's rows
+    /// ([`super::lists`]): `tile_ptr` and `col_entries` then stay empty here.
+    pub(crate) device_lists: Option<DeviceLists>,
+}
+
+/// The size of the inverted lists a part leaves for the device to build.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceLists {
+    /// Nonzeros of the part: the lists' entries.
+    pub(crate) entries: usize,
+    pub(crate) ncols: usize,
 }
 
 impl HostPart {
@@ -88,7 +103,11 @@ impl HostPart {
             + self.tile_ptr.len() * 4
             + self.col_entries.len() * 8
             + self.col_ranks.len()
-            + self.r_top.len() * 4) as u64
+            + self.r_top.len() * 4
+            + self.device_lists.map_or(0, |lists| {
+                let ranks = usize::from(!self.entry_ranks.is_empty());
+                lists.entries * (8 + ranks) + lists.ncols * (self.ntiles + 1) * 4
+            })) as u64
     }
 }
 
@@ -461,6 +480,8 @@ pub(crate) struct PartShape<'a> {
     pub(crate) columns: &'a ColumnMap,
     pub(crate) tile_rows: usize,
     pub(crate) dense: Option<&'a DenseColumns>,
+    /// Leave the inverted lists for the device ([`HostPart::device_lists`]).
+    pub(crate) lists_on_device: bool,
 }
 
 /// Rows `start..end` of the right side, as the kernels of `shape.program` read them; `totals`
@@ -503,22 +524,39 @@ pub(crate) fn prepare_part(
     );
     // In float32 over blocks (the extremes of floats are floats): a filter and a map per value
     // in float64 took 120 ms of the movielens shape's 320 ms on 2 cores.
-    let (y_min, y_max) = right.values()[o0..o1]
+    // (and the nonzeros counted, which size lists built on the device)
+    let (y_min, y_max, nonzeros) = right.values()[o0..o1]
         .par_chunks(1 << 16)
         .map(|block| {
-            block.iter().fold((f32::INFINITY, 0f32), |(lo, hi), v| {
+            let (lo, hi) = block.iter().fold((f32::INFINITY, 0f32), |(lo, hi), v| {
                 let a = v.abs();
                 // (a select, not a branch: the loop vectorises)
                 (lo.min(if a != 0.0 { a } else { f32::INFINITY }), hi.max(a))
-            })
+            });
+            let nonzeros = block.iter().map(|&v| usize::from(v != 0.0)).sum::<usize>();
+            (lo, hi, nonzeros)
         })
-        .reduce(|| (f32::INFINITY, 0.0), |a, b| (a.0.min(b.0), a.1.max(b.1)));
+        .reduce(
+            || (f32::INFINITY, 0.0, 0),
+            |a, b| (a.0.min(b.0), a.1.max(b.1), a.2 + b.2),
+        );
     part.y_min = if y_min.is_finite() { y_min as f64 } else { 0.0 };
     part.y_max = y_max as f64;
+    let ncols = columns.len();
+    if shape.lists_on_device {
+        if program.max_reduction {
+            (part.entry_ranks, part.r_top) = row_ranks(right, start, end);
+        }
+        part.ntiles = rows.div_ceil(tile_rows).max(1);
+        part.device_lists = Some(DeviceLists {
+            entries: nonzeros,
+            ncols,
+        });
+        return part;
+    }
     // CSC over the part's rows, row-sorted within each column, built in parallel: each chunk of
     // rows counts its entries per column, the counts give every (column, chunk) its own output
     // range in row order, and the chunks fill their ranges at once.
-    let ncols = columns.len();
     // One chunk a core, cut at equal entries (rows of power-law degrees cut at equal rows needed
     // two chunks a core to keep the cores even): each chunk holds a count and a first slot per
     // column, as much work for a GPU's shard as for the whole right side (194K columns at the
@@ -716,18 +754,68 @@ pub(crate) fn max_ranks(values: &[f32], ranks: &mut Vec<u8>, top: &mut [f32; TOP
     }
 }
 
+/// [`max_ranks`] of rows `start..end`: every entry's rank in the rows' CSR order, and each row's
+/// TOP_VALUES largest |values|.
+fn row_ranks(right: &SparseBatch, start: usize, end: usize) -> (Vec<u8>, Vec<f32>) {
+    let base = right.offsets()[start] as usize;
+    let mut ranks = vec![0u8; right.offsets()[end] as usize - base];
+    let mut top = vec![0f32; (end - start) * TOP_VALUES];
+    let (ranks_out, top_out) = (SharedOut(ranks.as_mut_ptr()), SharedOut(top.as_mut_ptr()));
+    (start..end).into_par_iter().for_each_init(
+        || (Vec::new(), [0f32; TOP_VALUES]),
+        |(row_ranks, row_top), r| {
+            let (ranks_out, top_out) = (&ranks_out, &top_out);
+            let values = right.row(r).1;
+            max_ranks(values, row_ranks, row_top);
+            let at = right.offsets()[r] as usize - base;
+            // SAFETY: row r's entries and TOP_VALUES slots are this task's alone, inside the
+            // buffers (sized by the rows' offsets and count).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    row_ranks.as_ptr(),
+                    ranks_out.0.add(at),
+                    values.len(),
+                );
+                std::ptr::copy_nonoverlapping(
+                    row_top.as_ptr(),
+                    top_out.0.add((r - start) * TOP_VALUES),
+                    TOP_VALUES,
+                );
+            }
+        },
+    );
+    (ranks, top)
+}
+
 /// A buffer that parallel tasks write at disjoint positions.
 struct SharedOut<T>(*mut T);
 // SAFETY: only used for writes to disjoint positions (see prepare_part).
 unsafe impl<T> Sync for SharedOut<T> {}
 
+/// `host` on the device; a part that left its inverted lists for the device
+/// ([`HostPart::device_lists`]) builds them there from `source`.
 pub(crate) fn upload_part(
     device: &Device,
     program: &MetricProgram,
     host: &HostPart,
+    source: Option<&ListSource<'_>>,
     stats: &mut GpuStats,
 ) -> Result<DevPart> {
     let mut part = upload_lists(device, host, stats)?;
+    if host.device_lists.is_some() {
+        let source = source.expect("the rows of a part whose lists are built on the device");
+        let started = std::time::Instant::now();
+        let built = super::lists::build(device, program, host, source, stats)?;
+        (part.tile_ptr, part.col_entries) = (built.tile_ptr, built.col_entries);
+        if let Some(ranks) = built.col_ranks {
+            part.col_ranks = ranks;
+        }
+        log::debug!(
+            "GPU {}: inverted lists built on the device in {:?}",
+            device.ordinal,
+            started.elapsed()
+        );
+    }
     if host.dense_kp > 0 {
         part.dense = Some(fill_dense(device, program, host, &part, stats)?);
     }
@@ -867,6 +955,7 @@ mod tests {
                             columns: &ColumnMap::Direct(ncols),
                             tile_rows,
                             dense: None,
+                            lists_on_device: false,
                         };
                         prepare_part(&right, &totals, start, end, &shape)
                     })
