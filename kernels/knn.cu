@@ -741,17 +741,22 @@ extern "C" __global__ void dense_fill(const DenseFillArgs a) {
 // (column, tile)'s entries counted, the counts scanned into the tile pointers, then each entry
 // placed at its (column, tile)'s cursor. Inside a tile's segment entries land in any order: the
 // folded kernels add integers and take maxima, and `dense_fill` writes each entry's own slot,
-// so no result depends on it. A warp per row.
+// so no result depends on it. A warp per row. A null row's range (which a struct's null slot may
+// keep) is left out, as the host's build leaves it; a column outside the map (none, for a valid
+// row) is left out too, and the host then reports the count that differs.
 __device__ __forceinline__ u32* list_counter(const ListArgs& a, int r, int e) {
     const int col = map_column(a.r_idx[e], a.col_mode, a.ncols, a.col_ids);
-    return a.cursor + (size_t)col * (a.ntiles + 1) + r / a.tile_rows;
+    return col < 0 ? nullptr : a.cursor + (size_t)col * (a.ntiles + 1) + r / a.tile_rows;
 }
 
 extern "C" __global__ void list_count(const ListArgs a) {
     const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
     for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
-        for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32)
-            if (a.r_val[e] != 0.0f) atomicAdd(list_counter(a, r, e), 1u);
+        if (a.valid_bits && !row_valid(a.valid_bits, r)) continue;
+        for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32) {
+            u32* counter = a.r_val[e] != 0.0f ? list_counter(a, r, e) : nullptr;
+            if (counter) atomicAdd(counter, 1u);
+        }
     }
 }
 
@@ -806,10 +811,12 @@ extern "C" __global__ void list_scan_apply(const ListArgs a) {
 extern "C" __global__ void list_fill(const ListArgs a) {
     const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
     for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
+        if (a.valid_bits && !row_valid(a.valid_bits, r)) continue;
         for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32) {
             const float v = a.r_val[e];
-            if (v != 0.0f) {
-                const u32 pos = atomicAdd(list_counter(a, r, e), 1u);
+            u32* counter = v != 0.0f ? list_counter(a, r, e) : nullptr;
+            if (counter) {
+                const u32 pos = atomicAdd(counter, 1u);
                 a.col_entries[pos] = make_uint2((u32)r, __float_as_uint(v));
                 if (a.col_ranks) a.col_ranks[pos] = a.r_rank[e];
             }

@@ -5,6 +5,7 @@
 //!
 //! These need a CUDA GPU: `cargo test --release --test gpu -- --ignored --test-threads=1`.
 
+use arrow::buffer::NullBuffer;
 use datafusion_sparse_knn::cpu::{self, CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};
 use datafusion_sparse_knn::metric::{Metric, MetricKind};
@@ -1105,9 +1106,9 @@ fn one_index_probed_from_several_threads_at_once() {
 /// The inverted lists built on the device (the default for a right side held whole) give the
 /// very bits of the host's build (`SPARSE_KNN_GPU_LISTS=host`), whose entries are in row order
 /// where the device's land in any order inside a tile: every metric (a max's ranks placed
-/// beside the entries), knn and radius, across tiles, with explicit zeros, unsorted
-/// rows, null and empty rows, column ids sorted on the device (indices up to 2^31) and dense
-/// columns on the tensor cores.
+/// beside the entries), knn and radius, across tiles, with explicit zeros, unsorted rows, null
+/// and empty rows, null rows keeping entries in their ranges, column ids sorted on the device
+/// (indices up to 2^31) and dense columns on the tensor cores.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn lists_built_on_the_device_give_the_hosts_bits() {
@@ -1137,7 +1138,7 @@ fn lists_built_on_the_device_give_the_hosts_bits() {
         .collect();
     let dense = rows_with_dense_columns(&mut rng, 1500, 24, |rng| rng.random_range(1..3000) as f32);
     type Rows = [Option<Vec<(i32, f32)>>];
-    let cases: [(&str, &Rows, u64, DenseColumnChoice); 3] = [
+    let cases: [(&str, &Rows, u64, DenseColumnChoice); 4] = [
         ("direct ids", &direct, DIM, DenseColumnChoice::Off),
         (
             "sorted ids",
@@ -1151,9 +1152,19 @@ fn lists_built_on_the_device_give_the_hosts_bits() {
             DIM,
             DenseColumnChoice::MinShare(0.15),
         ),
+        (
+            "null rows keeping entries",
+            &direct,
+            i32::MAX as u64,
+            DenseColumnChoice::Off,
+        ),
     ];
     for (case, rows, dim, dense_columns) in cases {
-        let right = batch(rows);
+        let right = if case == "null rows keeping entries" {
+            with_entries_under_nulls(rows)
+        } else {
+            batch(rows)
+        };
         let left = batch(&rows[..300]);
         let options = GpuOptions {
             dense_columns,
@@ -1191,6 +1202,25 @@ fn lists_built_on_the_device_give_the_hosts_bits() {
         }
     }
     std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+}
+
+/// `rows` as a batch whose null rows keep entries in their ranges (a struct's null slot may keep
+/// its lists' values), in columns no valid row has, which no build may read.
+fn with_entries_under_nulls(rows: &[Option<Vec<(i32, f32)>>]) -> SparseBatch {
+    let (mut offsets, mut indices, mut values) = (vec![0i32], Vec::new(), Vec::new());
+    for row in rows {
+        let entries = match row {
+            Some(row) => row.clone(),
+            None => vec![(2_000_000_000, 5.0), (1_999_999_999, 9.0)],
+        };
+        for (c, v) in entries {
+            indices.push(c);
+            values.push(v);
+        }
+        offsets.push(indices.len() as i32);
+    }
+    let nulls = NullBuffer::from(rows.iter().map(Option::is_some).collect::<Vec<_>>());
+    SparseBatch::from_parts(offsets.into(), indices.into(), values.into(), Some(nulls))
 }
 
 fn median(values: &[f64]) -> f64 {

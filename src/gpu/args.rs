@@ -186,6 +186,8 @@ kernel_args! {
         r_off: DevPtr = "const u32*",
         r_idx: DevPtr = "const int*",
         r_val: DevPtr = "const float*",
+        /// A bit per valid row, or 0 (null) when every row is valid (as in `FoldedArgs`).
+        valid_bits: DevPtr = "const u32*",
         rows: i32 = "int",
         tile_rows: i32 = "int",
         ntiles: i32 = "int",

@@ -13,7 +13,7 @@ use super::args::ListArgs;
 use super::device::{cuda_err, Device};
 use super::kernels::MetricProgram;
 use super::memory::{addr, upload, zeros};
-use super::prepare::{ColumnMap, HostPart};
+use super::prepare::{ColumnMap, DevPart, HostPart};
 use super::stats::GpuStats;
 use crate::vector::SparseBatch;
 
@@ -69,6 +69,7 @@ pub(crate) fn build(
     device: &Device,
     program: &MetricProgram,
     host: &HostPart,
+    dev: &DevPart,
     source: &ListSource<'_>,
     stats: &mut GpuStats,
 ) -> Result<BuiltLists> {
@@ -107,6 +108,11 @@ pub(crate) fn build(
         r_off: addr(device, &d_off),
         r_idx: addr(device, &d_idx),
         r_val: addr(device, &d_val),
+        valid_bits: if dev.all_valid {
+            0
+        } else {
+            addr(device, &dev.valid_bits)
+        },
         rows: rows as i32,
         tile_rows: source.tile_rows as i32,
         ntiles: host.ntiles as i32,

@@ -544,6 +544,16 @@ pub(crate) fn prepare_part(
     part.y_max = y_max as f64;
     let ncols = columns.len();
     if shape.lists_on_device {
+        // A null row's stored entries (a struct's null slot may keep its lists' ranges) stay
+        // out of the lists, as in the build below: the device skips the row.
+        let nonzeros = nonzeros
+            - (start..end)
+                .filter(|&r| right.is_null(r))
+                .map(|r| {
+                    let (a, b) = (right.offsets()[r] as usize, right.offsets()[r + 1] as usize);
+                    right.values()[a..b].iter().filter(|&&v| v != 0.0).count()
+                })
+                .sum::<usize>();
         if program.max_reduction {
             (part.entry_ranks, part.r_top) = row_ranks(right, start, end);
         }
@@ -805,7 +815,7 @@ pub(crate) fn upload_part(
     if host.device_lists.is_some() {
         let source = source.expect("the rows of a part whose lists are built on the device");
         let started = std::time::Instant::now();
-        let built = super::lists::build(device, program, host, source, stats)?;
+        let built = super::lists::build(device, program, host, &part, source, stats)?;
         (part.tile_ptr, part.col_entries) = (built.tile_ptr, built.col_entries);
         if let Some(ranks) = built.col_ranks {
             part.col_ranks = ranks;
