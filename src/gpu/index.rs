@@ -1,10 +1,11 @@
 //! The right side of a join on the GPU, and probing it with left batches.
 //!
-//! The right side is prepared once (see `prepare`): an inverted index (CSC: column → row-sorted
-//! (row, value) list), the split point of every column at every tile boundary, the per-row
-//! totals and a validity bitmask (for a max, also each entry's rank in its row and each row's
-//! largest values); certified metrics also keep the rows on the host for their exact step
-//! (`metric::ExactRows`). It stays on the device while left batches stream through; a
+//! The right side is prepared once (see `prepare`): an inverted index (CSC: column → (row,
+//! value) list, row-sorted when the host builds it; built on the device from the rows when the
+//! right side stays whole there, see `lists`), the split point of every column at every tile
+//! boundary, the per-row totals and a validity bitmask (for a max, also each entry's rank in its
+//! row and each row's largest values); certified metrics also keep the rows on the host for
+//! their exact step (`metric::ExactRows`). It stays on the device while left batches stream through; a
 //! left batch goes up as the Arrow buffers' own slices (the list offsets are the CSR row
 //! pointer). When the right side does not fit the memory budget it is cut into parts by rows
 //! that are uploaded one at a time per probe, and the parts' results are merged by the join core.

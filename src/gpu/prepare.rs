@@ -1,5 +1,6 @@
 //! The right side prepared on the host for the device: an inverted index cut in tiles (and for a
-//! max, each row's largest values and every entry's rank in its row).
+//! max, each row's largest values and every entry's rank in its row), or, for a right side that
+//! stays whole on the device, everything but the index, which the device builds (`lists`).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use datafusion::common::Result;
