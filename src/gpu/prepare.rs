@@ -913,6 +913,107 @@ mod tests {
     use super::*;
     use crate::metric::{Metric, MetricKind, Semiring};
 
+    /// A part that leaves its lists for the device: the host's half (what sizes the device's
+    /// lists, a max's ranks in CSR order, the tiles, everything else) agrees with the host's own
+    /// build of the same rows, null rows keeping entries in their ranges included (the device
+    /// skips those rows, as the host's build does).
+    #[test]
+    fn a_part_left_for_the_device_agrees_with_the_hosts_build() {
+        use arrow::buffer::NullBuffer;
+        let mut rng = StdRng::seed_from_u64(7);
+        let (mut offsets, mut indices, mut values, mut valid) =
+            (vec![0i32], vec![], vec![], vec![]);
+        for r in 0..700 {
+            let deg = if r % 50 == 0 {
+                60
+            } else {
+                rng.random_range(0..12)
+            };
+            for c in 0..deg {
+                indices.push(c * 7 + (r % 7) as i32);
+                // stored zeros and ties among the largest values
+                values.push(rng.random_range(0..6) as f32 * if r % 2 == 0 { 1.0 } else { -0.5 });
+            }
+            offsets.push(indices.len() as i32);
+            valid.push(r % 9 != 4);
+        }
+        let right = SparseBatch::from_parts(
+            offsets.into(),
+            indices.into(),
+            values.into(),
+            Some(NullBuffer::from(valid)),
+        );
+        let ncols = right.max_dim();
+        for kind in [MetricKind::Cosine, MetricKind::Chebyshev] {
+            let metric = Metric::from_kind(kind, None, None).unwrap();
+            for (start, end) in [(0, 700), (130, 521)] {
+                let [host, left] = [false, true].map(|lists_on_device| {
+                    crate::with_semiring!(metric, s => {
+                        let totals: Vec<RowTotals> = (0..right.len())
+                            .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
+                            .collect();
+                        let program = MetricProgram::of(&s);
+                        let shape = PartShape {
+                            program: &program,
+                            columns: &ColumnMap::Direct(ncols),
+                            tile_rows: 64,
+                            dense: None,
+                            lists_on_device,
+                        };
+                        prepare_part(&right, &totals, start, end, &shape)
+                    })
+                });
+                let at = format!("{kind} rows {start}..{end}");
+                assert!(
+                    host.device_lists.is_none() && left.tile_ptr.is_empty(),
+                    "{at}"
+                );
+                let lists = left.device_lists.expect("lists left for the device");
+                assert_eq!(lists.entries, host.col_entries.len(), "{at}: entries");
+                assert_eq!(lists.ncols, ncols, "{at}");
+                assert_eq!(left.ntiles, host.ntiles, "{at}");
+                assert_eq!(
+                    left.device_bytes(),
+                    host.device_bytes(),
+                    "{at}: device bytes"
+                );
+                assert_eq!((left.y_min, left.y_max), (host.y_min, host.y_max), "{at}");
+                assert_eq!(
+                    (&left.rt0, &left.valid_bits),
+                    (&host.rt0, &host.valid_bits),
+                    "{at}"
+                );
+                assert_eq!(left.r_top, host.r_top, "{at}: largest values");
+                if kind == MetricKind::Chebyshev {
+                    // Each listed entry's rank, read at its CSR position, is the one the host
+                    // placed beside it (entries of valid rows, in the host's column order).
+                    let base = right.offsets()[start] as usize;
+                    let mut by_column: Vec<Vec<(u32, u8)>> = vec![Vec::new(); ncols];
+                    for r in start..end {
+                        let (idx, val) = right.row(r);
+                        let at_row = right.offsets()[r] as usize - base;
+                        for (e, (&c, &v)) in idx.iter().zip(val).enumerate() {
+                            if v != 0.0 {
+                                let rank = left.entry_ranks[at_row + e];
+                                by_column[c as usize].push(((r - start) as u32, rank));
+                            }
+                        }
+                    }
+                    let listed: Vec<(u32, u8)> = by_column.concat();
+                    let hosts: Vec<(u32, u8)> = host
+                        .col_entries
+                        .iter()
+                        .zip(&host.col_ranks)
+                        .map(|(&entry, &rank)| (entry as u32, rank))
+                        .collect();
+                    assert_eq!(listed, hosts, "{at}: ranks");
+                } else {
+                    assert!(left.entry_ranks.is_empty(), "{at}");
+                }
+            }
+        }
+    }
+
     /// The parallel CSC (counts, column starts per chunk cut at equal entries, fill) against the
     /// plain one: every column's entries in row order, and each tile's split point; for the whole
     /// batch and for parts of it (a range starting inside, one ending in a run of empty rows, one
