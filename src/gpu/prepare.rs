@@ -930,7 +930,7 @@ mod tests {
                 rng.random_range(0..12)
             };
             for c in 0..deg {
-                indices.push(c * 7 + (r % 7) as i32);
+                indices.push(c * 7 + r % 7);
                 // stored zeros and ties among the largest values
                 values.push(rng.random_range(0..6) as f32 * if r % 2 == 0 { 1.0 } else { -0.5 });
             }
