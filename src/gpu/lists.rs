@@ -24,7 +24,14 @@ const SCAN_THREADS: usize = 1024;
 /// How the lists of a part held whole on the device are built (`SPARSE_KNN_GPU_LISTS`, for
 /// comparing the two: `host` or `device`; by default on the device where its scratch fits).
 pub(crate) fn on_device_allowed() -> bool {
-    !matches!(std::env::var("SPARSE_KNN_GPU_LISTS").as_deref(), Ok("host"))
+    match std::env::var("SPARSE_KNN_GPU_LISTS").as_deref() {
+        Ok("host") => false,
+        Ok("device") | Err(_) => true,
+        Ok(other) => {
+            log::warn!("SPARSE_KNN_GPU_LISTS={other:?} is neither `host` nor `device`: ignored");
+            true
+        }
+    }
 }
 
 /// What the build needs beside the part: the rows it comes from and how they are cut.
