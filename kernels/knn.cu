@@ -744,20 +744,24 @@ extern "C" __global__ void dense_fill(const DenseFillArgs a) {
 // so no result depends on it. A warp per row. A null row's range (which a struct's null slot may
 // keep) is left out, as the host's build leaves it; a column outside the map (none, for a valid
 // row) is left out too, and the host then reports the count that differs.
-__device__ __forceinline__ u32* list_counter(const ListArgs& a, int r, int e) {
-    const int col = map_column(a.r_idx[e], a.col_mode, a.ncols, a.col_ids);
-    return col < 0 ? nullptr : a.cursor + (size_t)col * (a.ntiles + 1) + r / a.tile_rows;
-}
-
-extern "C" __global__ void list_count(const ListArgs a) {
+//
+// `each(counter, r, e)` for every entry that belongs in the lists (a nonzero of a valid row, in a
+// mapped column) with its (column, tile) counter: the count and the fill walk the same entries.
+template <typename F>
+__device__ __forceinline__ void list_entries(const ListArgs& a, const F& each) {
     const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
     for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
         if (a.valid_bits && !row_valid(a.valid_bits, r)) continue;
         for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32) {
-            u32* counter = a.r_val[e] != 0.0f ? list_counter(a, r, e) : nullptr;
-            if (counter) atomicAdd(counter, 1u);
+            if (a.r_val[e] == 0.0f) continue;
+            const int col = map_column(a.r_idx[e], a.col_mode, a.ncols, a.col_ids);
+            if (col >= 0) each(a.cursor + (size_t)col * (a.ntiles + 1) + r / a.tile_rows, r, e);
         }
     }
+}
+
+extern "C" __global__ void list_count(const ListArgs a) {
+    list_entries(a, [](u32* counter, int, u32) { atomicAdd(counter, 1u); });
 }
 
 // The exclusive scan of the n counts (column-major, ntiles + 1 a column, the last always 0, so
@@ -809,19 +813,11 @@ extern "C" __global__ void list_scan_apply(const ListArgs a) {
 }
 
 extern "C" __global__ void list_fill(const ListArgs a) {
-    const int lane = threadIdx.x & 31, warps = gridDim.x * (blockDim.x >> 5);
-    for (int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); r < a.rows; r += warps) {
-        if (a.valid_bits && !row_valid(a.valid_bits, r)) continue;
-        for (u32 e = a.r_off[r] + lane; e < a.r_off[r + 1]; e += 32) {
-            const float v = a.r_val[e];
-            u32* counter = v != 0.0f ? list_counter(a, r, e) : nullptr;
-            if (counter) {
-                const u32 pos = atomicAdd(counter, 1u);
-                a.col_entries[pos] = make_uint2((u32)r, __float_as_uint(v));
-                if (a.col_ranks) a.col_ranks[pos] = a.r_rank[e];
-            }
-        }
-    }
+    list_entries(a, [&](u32* counter, int r, u32 e) {
+        const u32 pos = atomicAdd(counter, 1u);
+        a.col_entries[pos] = make_uint2((u32)r, __float_as_uint(a.r_val[e]));
+        if (a.col_ranks) a.col_ranks[pos] = a.r_rank[e];
+    });
 }
 
 #if __CUDA_ARCH__ >= 800

@@ -38,14 +38,17 @@ pub(crate) fn folded_fixed_smem(k: usize, program: &MetricProgram) -> usize {
     cap_for(k, FOLDED_THREADS) * candidate_bytes(program) + SEGMENT_SMEM
 }
 
+/// Shared-memory bytes of one top-k candidate without a filter value: its key and row.
+const CANDIDATE_BYTES: usize = 12;
+
 /// Shared-memory bytes of one top-k candidate.
 fn candidate_bytes(program: &MetricProgram) -> usize {
-    12 + if program.filtered { 4 } else { 0 }
+    CANDIDATE_BYTES + if program.filtered { 4 } else { 0 }
 }
 
 /// [`folded_fixed_smem`] less the segment map and the candidates' filter values.
 pub(crate) fn folded_smem_without_map(k: usize) -> usize {
-    cap_for(k, FOLDED_THREADS) * 12 + SEGMENT_SMEM - SEG_MAP_BYTES
+    cap_for(k, FOLDED_THREADS) * CANDIDATE_BYTES + SEGMENT_SMEM - SEG_MAP_BYTES
 }
 
 /// Entries per thread of the kernels' segment map (`SEG_ITEMS` in kernels/knn.cu).

@@ -544,23 +544,34 @@ pub(crate) fn prepare_part(
     part.y_min = if y_min.is_finite() { y_min as f64 } else { 0.0 };
     part.y_max = y_max as f64;
     let ncols = columns.len();
+    // A max: every entry's rank in its row (CSR order), placed beside the entries by either
+    // build, and each row's largest values.
+    let max = program.max_reduction;
+    let entry_ranks = if max {
+        let (ranks, top) = row_ranks(right, start, end);
+        part.r_top = top;
+        ranks
+    } else {
+        Vec::new()
+    };
     if shape.lists_on_device {
         // A null row's stored entries (a struct's null slot may keep its lists' ranges) stay
         // out of the lists, as in the build below: the device skips the row.
-        let nonzeros = nonzeros
-            - (start..end)
+        let null_rows_nonzeros = if part.valid_bits.is_empty() {
+            0
+        } else {
+            (start..end)
                 .filter(|&r| right.is_null(r))
                 .map(|r| {
                     let (a, b) = (right.offsets()[r] as usize, right.offsets()[r + 1] as usize);
                     right.values()[a..b].iter().filter(|&&v| v != 0.0).count()
                 })
-                .sum::<usize>();
-        if program.max_reduction {
-            (part.entry_ranks, part.r_top) = row_ranks(right, start, end);
-        }
+                .sum()
+        };
+        part.entry_ranks = entry_ranks;
         part.ntiles = rows.div_ceil(tile_rows).max(1);
         part.device_lists = Some(DeviceLists {
-            entries: nonzeros,
+            entries: nonzeros - null_rows_nonzeros,
             ncols,
         });
         return part;
@@ -644,36 +655,25 @@ pub(crate) fn prepare_part(
     }
     part.col_entries = vec![0; nnz];
     advise_huge_pages(&part.col_entries);
-    let max = program.max_reduction;
     if max {
         part.col_ranks = vec![0; nnz];
-        part.r_top = vec![0.0; rows * TOP_VALUES];
     }
     {
         let entries_out = SharedOut(part.col_entries.as_mut_ptr());
         let ranks_out = SharedOut(part.col_ranks.as_mut_ptr());
-        let top_out = SharedOut(part.r_top.as_mut_ptr());
         chunk_offsets
             .into_par_iter()
             .enumerate()
             .for_each(|(ch, mut fill)| {
-                let entries_out = &entries_out;
-                let (ranks_out, top_out) = (&ranks_out, &top_out);
-                let mut ranks = Vec::new();
-                let mut top = [0f32; TOP_VALUES];
+                let (entries_out, ranks_out) = (&entries_out, &ranks_out);
                 for r in bounds[ch]..bounds[ch + 1] {
                     let (idx, val) = right.row(r);
-                    if max {
-                        max_ranks(val, &mut ranks, &mut top);
-                        // SAFETY: row r's TOP_VALUES slots are this task's alone.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                top.as_ptr(),
-                                top_out.0.add((r - start) * TOP_VALUES),
-                                TOP_VALUES,
-                            );
-                        }
-                    }
+                    let ranks = if max {
+                        let at = right.offsets()[r] as usize - o0;
+                        &entry_ranks[at..at + val.len()]
+                    } else {
+                        &[][..]
+                    };
                     for (e, (&c, &v)) in idx.iter().zip(val).enumerate() {
                         if v != 0.0 {
                             let slot = &mut fill[columns.get(c).unwrap() as usize];
@@ -913,6 +913,31 @@ mod tests {
     use super::*;
     use crate::metric::{Metric, MetricKind, Semiring};
 
+    /// Rows `start..end` of `right` prepared for `metric` over direct column ids below `ncols`.
+    fn part_of(
+        right: &SparseBatch,
+        metric: &Metric,
+        ncols: usize,
+        (start, end): (usize, usize),
+        tile_rows: usize,
+        lists_on_device: bool,
+    ) -> HostPart {
+        crate::with_semiring!(metric, s => {
+            let totals: Vec<RowTotals> = (0..right.len())
+                .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
+                .collect();
+            let program = MetricProgram::of(&s);
+            let shape = PartShape {
+                program: &program,
+                columns: &ColumnMap::Direct(ncols),
+                tile_rows,
+                dense: None,
+                lists_on_device,
+            };
+            prepare_part(right, &totals, start, end, &shape)
+        })
+    }
+
     /// A part that leaves its lists for the device: the host's half (what sizes the device's
     /// lists, a max's ranks in CSR order, the tiles, everything else) agrees with the host's own
     /// build of the same rows, null rows keeping entries in their ranges included (the device
@@ -947,22 +972,8 @@ mod tests {
         for kind in [MetricKind::Cosine, MetricKind::Chebyshev] {
             let metric = Metric::from_kind(kind, None, None).unwrap();
             for (start, end) in [(0, 700), (130, 521)] {
-                let [host, left] = [false, true].map(|lists_on_device| {
-                    crate::with_semiring!(metric, s => {
-                        let totals: Vec<RowTotals> = (0..right.len())
-                            .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
-                            .collect();
-                        let program = MetricProgram::of(&s);
-                        let shape = PartShape {
-                            program: &program,
-                            columns: &ColumnMap::Direct(ncols),
-                            tile_rows: 64,
-                            dense: None,
-                            lists_on_device,
-                        };
-                        prepare_part(&right, &totals, start, end, &shape)
-                    })
-                });
+                let [host, left] = [false, true]
+                    .map(|on_device| part_of(&right, &metric, ncols, (start, end), 64, on_device));
                 let at = format!("{kind} rows {start}..{end}");
                 assert!(
                     host.device_lists.is_none() && left.tile_ptr.is_empty(),
@@ -1056,22 +1067,8 @@ mod tests {
                     .num_threads(threads)
                     .build()
                     .unwrap();
-                let part = pool.install(|| {
-                    crate::with_semiring!(metric, s => {
-                        let totals: Vec<RowTotals> = (0..right.len())
-                            .map(|r| s.totals(right.row(r).1.iter().copied().filter(|x| *x != 0.0)))
-                            .collect();
-                        let program = MetricProgram::of(&s);
-                        let shape = PartShape {
-                            program: &program,
-                            columns: &ColumnMap::Direct(ncols),
-                            tile_rows,
-                            dense: None,
-                            lists_on_device: false,
-                        };
-                        prepare_part(&right, &totals, start, end, &shape)
-                    })
-                });
+                let part = pool
+                    .install(|| part_of(&right, &metric, ncols, (start, end), tile_rows, false));
                 let mut columns: Vec<Vec<(u32, f32)>> = vec![Vec::new(); ncols];
                 for (r, row) in rows[start..end].iter().enumerate() {
                     for &(c, v) in row {
