@@ -191,6 +191,7 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
                     let started = std::time::Instant::now();
                     // The index's device memory is freed here, then its contexts destroyed.
                     drop(plan);
+                    log::debug!("knn: the join's index freed in {:?}", started.elapsed());
                     let closed = crate::gpu::close_unused();
                     log::debug!("knn: {closed} GPU(s) closed in {:?}", started.elapsed());
                     (closed, started.elapsed())

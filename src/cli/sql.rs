@@ -122,6 +122,7 @@ pub async fn run_script(
     };
     let mut printed: Option<u64> = None;
     for statement in statements {
+        let started = std::time::Instant::now();
         // Planned one at a time against the current state, so a CREATE or SET is seen by the
         // statements after it.
         let plan = ctx.state().statement_to_plan(statement).await?;
@@ -140,6 +141,10 @@ pub async fn run_script(
                 printer.write(&batch)?;
             }
         }
+        log::debug!(
+            "sql: a statement ran in {:?} ({rows} rows)",
+            started.elapsed()
+        );
         if !schema.fields().is_empty() {
             printer.finish_query(&schema, &batches)?;
             printed = Some(printed.unwrap_or(0) + rows);
