@@ -1228,3 +1228,91 @@ fn median(values: &[f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(1.0)
 }
+
+/// Under any memory limit the right side's lists come from one of three builds: on the device
+/// beside the whole part, on the host for the whole part when the device build's scratch (the
+/// CSR and its counters) does not fit beside it, or on the host for each part streamed per probe.
+/// A sweep of limits reaches all three, and each gives the bits of the unlimited build (raw
+/// counts: every sum is exact, so no rounding hides a difference).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn every_memory_limit_gives_the_same_bits_whichever_lists_build_it_takes() {
+    if !gpu_or_skip() {
+        return;
+    }
+    std::env::set_var("SPARSE_KNN_GPU_TILE_ROWS", "256");
+    let mut rng = StdRng::seed_from_u64(47);
+    let counts: Vec<_> = random_rows(&mut rng, 2000, DIM, 300, &[])
+        .into_iter()
+        .map(|row| {
+            row.map(|row| {
+                row.into_iter()
+                    .map(|(c, v)| (c, (v * 1000.0).round()))
+                    .collect()
+            })
+        })
+        .collect();
+    let right = batch(&counts);
+    let left = batch(&counts[..200]);
+    for kind in [
+        MetricKind::Cosine,
+        MetricKind::Manhattan,
+        MetricKind::Chebyshev,
+    ] {
+        let m = metric(kind, DIM);
+        let run = |memory_limit: Option<u64>| {
+            // (no dense columns: their number follows the limit, and their products round)
+            let options = GpuOptions {
+                memory_limit,
+                dense_columns: DenseColumnChoice::Off,
+                ..GpuOptions::default()
+            };
+            let index = GpuIndex::build(&right, &m, &options)
+                .unwrap_or_else(|e| panic!("{kind}, limit {memory_limit:?}: build: {e}"));
+            // (read before a probe adds its own buffers to the peak)
+            let (parts, peak) = (index.parts(), index.stats().peak_device_bytes);
+            let knn = index
+                .probe(&left, Selection::Nearest(10), ProbeOptions::default())
+                .unwrap_or_else(|e| panic!("{kind}, limit {memory_limit:?}: probe: {e}"));
+            (parts, peak, knn)
+        };
+        let (parts, device_peak, reference) = run(None);
+        assert_eq!(parts, 1, "{kind}: the unlimited build is one part");
+        assert!(!reference.is_empty(), "{kind}: no pairs");
+        let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (mut on_device, mut whole_on_host, mut streamed) = (0, 0, 0);
+        let mut limit = device_peak * 3;
+        while limit > device_peak / 8 {
+            let (parts, peak, knn) = run(Some(limit));
+            match parts {
+                1 if peak == device_peak => on_device += 1,
+                1 => {
+                    assert!(
+                        peak < device_peak,
+                        "{kind}, limit {limit}: a whole part held {peak} bytes, more than the \
+                         device build's {device_peak}"
+                    );
+                    whole_on_host += 1;
+                }
+                _ => streamed += 1,
+            }
+            assert_eq!(knn.left, reference.left, "{kind}, limit {limit}: left rows");
+            assert_eq!(
+                knn.right, reference.right,
+                "{kind}, limit {limit}: right rows"
+            );
+            assert_eq!(
+                bits(&knn.distance),
+                bits(&reference.distance),
+                "{kind}, limit {limit}: distances"
+            );
+            limit = limit / 20 * 19;
+        }
+        assert!(
+            on_device > 0 && whole_on_host > 0 && streamed > 0,
+            "{kind}: the limits tried reached the device build {on_device} times, the host's \
+             whole part {whole_on_host}, streamed parts {streamed}"
+        );
+    }
+    std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+}
