@@ -1190,14 +1190,7 @@ fn lists_built_on_the_device_give_the_hosts_bits() {
             let (host, device) = (&answers[0], &answers[1]);
             assert!(!host.0.is_empty(), "{case} {kind}: no pairs");
             for (label, a, b) in [("knn", &host.0, &device.0), ("radius", &host.1, &device.1)] {
-                assert_eq!(a.left, b.left, "{case} {kind} {label}: left rows");
-                assert_eq!(a.right, b.right, "{case} {kind} {label}: right rows");
-                let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(
-                    bits(&a.distance),
-                    bits(&b.distance),
-                    "{case} {kind} {label}: distances"
-                );
+                assert_same_bits(a, b, &format!("{case} {kind} {label}"));
             }
         }
     }
@@ -1279,7 +1272,6 @@ fn every_memory_limit_gives_the_same_bits_whichever_lists_build_it_takes() {
         let (parts, device_peak, reference) = run(None);
         assert_eq!(parts, 1, "{kind}: the unlimited build is one part");
         assert!(!reference.is_empty(), "{kind}: no pairs");
-        let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         let (mut on_device, mut whole_on_host, mut streamed) = (0, 0, 0);
         let mut limit = device_peak * 3;
         while limit > device_peak / 8 {
@@ -1296,16 +1288,7 @@ fn every_memory_limit_gives_the_same_bits_whichever_lists_build_it_takes() {
                 }
                 _ => streamed += 1,
             }
-            assert_eq!(knn.left, reference.left, "{kind}, limit {limit}: left rows");
-            assert_eq!(
-                knn.right, reference.right,
-                "{kind}, limit {limit}: right rows"
-            );
-            assert_eq!(
-                bits(&knn.distance),
-                bits(&reference.distance),
-                "{kind}, limit {limit}: distances"
-            );
+            assert_same_bits(&knn, &reference, &format!("{kind}, limit {limit}"));
             limit = limit / 20 * 19;
         }
         assert!(
@@ -1315,4 +1298,12 @@ fn every_memory_limit_gives_the_same_bits_whichever_lists_build_it_takes() {
         );
     }
     std::env::remove_var("SPARSE_KNN_GPU_TILE_ROWS");
+}
+
+/// The same pairs, in the same order, with the same distances to the bit.
+fn assert_same_bits(a: &PairList, b: &PairList, what: &str) {
+    assert_eq!(a.left, b.left, "{what}: left rows");
+    assert_eq!(a.right, b.right, "{what}: right rows");
+    let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&a.distance), bits(&b.distance), "{what}: distances");
 }
