@@ -5,9 +5,9 @@
 //! right side stays whole there, see `lists`), the split point of every column at every tile
 //! boundary, the per-row totals and a validity bitmask (for a max, also each entry's rank in its
 //! row and each row's largest values); certified metrics also keep the rows on the host for
-//! their exact step (`metric::ExactRows`). It stays on the device while left batches stream through; a
-//! left batch goes up as the Arrow buffers' own slices (the list offsets are the CSR row
-//! pointer). When the right side does not fit the memory budget it is cut into parts by rows
+//! their exact step (`metric::ExactRows`). It stays on the device while left batches stream
+//! through; a left batch goes up as the Arrow buffers' own slices (the list offsets are the CSR
+//! row pointer). When the right side does not fit the memory budget it is cut into parts by rows
 //! that are uploaded one at a time per probe, and the parts' results are merged by the join core.
 
 use std::sync::atomic::AtomicU64;
@@ -448,7 +448,14 @@ fn upload_layout(
         ColumnMap::Sorted(ids) => (Some(upload(device, ids, stats)?), ids.len() as u64 * 4),
         ColumnMap::Direct(_) => (None, 0),
     };
-    let resident_part = resident;
+    // (the lists' build holds its scratch beside the part for a moment)
+    let scratch = resident
+        .filter(|part| part.device_lists.is_some())
+        .map_or(0, |part| {
+            let end = part.first_row + part.rows;
+            let max = program.max_reduction;
+            lists::scratch_bytes(right, part.first_row, end, columns.len(), part.ntiles, max)
+        });
     let resident = resident
         .map(|part| {
             let source = ListSource {
@@ -465,14 +472,6 @@ fn upload_layout(
         .synchronize()
         .map_err(cuda_err("uploading the right side"))?;
     let resident_bytes = col_bytes + resident.as_ref().map_or(0, |dev| dev.bytes);
-    // (the lists' build held its scratch beside the part for a moment)
-    let scratch = resident_part
-        .filter(|part| part.device_lists.is_some())
-        .map_or(0, |part| {
-            let end = part.first_row + part.rows;
-            let max = program.max_reduction;
-            lists::scratch_bytes(right, part.first_row, end, columns.len(), part.ntiles, max)
-        });
     stats.peak_device_bytes = resident_bytes + scratch;
     record_process_stats(stats);
     Ok(Uploaded {

@@ -5,7 +5,7 @@
 # of chebyshev; knn --profile three times; then every GPU test: gpu_test, real_counts and the
 # CLI's (the CLI binary put where its test looks for it). Results packed in one archive.
 source bench/gpu_runs/endtoend/lib.sh
-for f in devbin/t/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+unpack_tests
 generate movielens
 for round in 1 2; do
   echo "== round $round device lists" | tee -a $W/bench.log
@@ -18,8 +18,8 @@ for r in 1 2 3; do
   /usr/bin/time -f "knn wall %e s" /tmp/sk_new knn --left /tmp/movielens.parquet --right /tmp/movielens.parquet --metric cosine -k 10 --device gpu --output /tmp/out.parquet --overwrite --profile 2>&1 | tail -14 | tee -a $W/knn.log
 done
 gpu_tests
-timeout 150 /tmp/real_counts_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a $W/gpu_test.log
+run_tests 150 real_counts_test gpu_test.log
 mkdir -p /work/main/target/release && cp /tmp/sk_new /work/main/target/release/sparse-knn
-timeout 150 /tmp/cli_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a $W/gpu_test.log
+run_tests 150 cli_test gpu_test.log
 tar -C $W -czf /tmp/results.tar.gz --exclude results.tar.gz . && mv /tmp/results.tar.gz $W/
 echo done

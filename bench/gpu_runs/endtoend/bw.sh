@@ -3,12 +3,12 @@
 # GPU test (gpu_test, real_counts, the CLI's), memcheck on the lists test, and bench of cosine,
 # chebyshev and minkowski on movielens (item 1 on the final binary).
 source bench/gpu_runs/endtoend/lib.sh
-for f in devbin/t/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
+unpack_tests
 generate movielens
 timeout 100 /tmp/sk_new bench --input /tmp/movielens.parquet --metrics cosine,chebyshev,minkowski --devices gpu -k 10 --repeat 2 2>&1 | grep -E "^gpu|^metric" | tee -a $W/bench.log
 gpu_tests
-timeout 150 /tmp/real_counts_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a $W/gpu_test.log
+run_tests 150 real_counts_test gpu_test.log
 mkdir -p /work/main/target/release && cp /tmp/sk_new /work/main/target/release/sparse-knn
-timeout 150 /tmp/cli_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a $W/gpu_test.log
+run_tests 150 cli_test gpu_test.log
 timeout 150 compute-sanitizer --tool memcheck /tmp/gpu_test --ignored --test-threads=1 lists_built 2>&1 | tail -8 > $W/memcheck.log
 echo done

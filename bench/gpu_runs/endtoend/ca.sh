@@ -11,7 +11,7 @@
 # one"); the outputs' comparison below printed the table's border instead of its row (call CB
 # compares knn's output with the SQL join's).
 source bench/gpu_runs/endtoend/lib.sh
-timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/tests.log
+run_tests 240 gpu_test tests.log
 generate movielens
 for v in old new; do
   echo "== bench $v" | tee -a $W/bench.log

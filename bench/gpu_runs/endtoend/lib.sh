@@ -1,5 +1,6 @@
-# Shared by this session's device scripts (calls BA-BJ; factored out of them after the runs, the
-# same commands): `source bench/gpu_runs/endtoend/lib.sh` from the repository root on the device.
+# Shared by the device scripts of calls BA-CD (factored out of them after the runs, the same
+# commands: run_tests and unpack_tests from BT-CD's in the 2026-11-26 review): `source
+# bench/gpu_runs/endtoend/lib.sh` from the repository root on the device.
 # Sets W (the returned folder), puts the device's CUDA libraries on LD_LIBRARY_PATH, records the
 # GPU in device.txt and unpacks the carried devbin/k/*.xz binaries into /tmp.
 set -uo pipefail
@@ -23,7 +24,19 @@ generate() {
   /tmp/sk_new generate --shape $s --seed 0 --output /tmp/$s.parquet "$@" 2>&1 | tail -1 | tee -a $W/bench.log
 }
 
+# run_tests SECONDS BINARY LOG [ARGS...]: the GPU tests of the carried test binary
+# /tmp/BINARY (ARGS: its name filters), their outcome lines appended to LOG.
+run_tests() {
+  local secs=$1 bin=$2 log=$3; shift 3
+  timeout $secs /tmp/$bin --ignored --test-threads=1 "$@" 2>&1 | grep -E "^test |test result|panicked|assert" | tee -a $W/$log
+}
+
 # gpu_tests: every GPU test of the carried gpu_test binary, into gpu_test.log.
 gpu_tests() {
-  timeout 240 /tmp/gpu_test --ignored --test-threads=1 2>&1 | grep -E "^test |test result|panicked|assert" | tee $W/gpu_test.log
+  run_tests 240 gpu_test gpu_test.log
+}
+
+# unpack_tests: the test binaries carried in devbin/t, into /tmp.
+unpack_tests() {
+  for f in devbin/t/*.xz; do b=$(basename $f .xz); xz -T4 -dc $f > /tmp/$b && chmod +x /tmp/$b; done
 }
