@@ -15,7 +15,7 @@ anchor), seconds on a log-scale y axis, written to the PNG (or any format matplo
 suffix) given by --out.
 
     pip install matplotlib
-    python3 bench/plot.py bench/gpu_runs/call9_*.json bench/gpu_runs/anchors_*.json --out /tmp/plot.png
+    python3 bench/plot.py bench/results/gpu/2026-11-26-h100/{ours,anchors}_*.json --out /tmp/plot.png
     # label runs of ours yourself (LABEL=FILE), keep some shapes/metrics, add kernel-only bars:
     python3 bench/plot.py before=old_q_ml.json after=new_q_ml.json anchors.json \\
         --shapes movielens --metrics cosine,manhattan --kernel --out /tmp/ml.png
