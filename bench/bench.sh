@@ -58,13 +58,13 @@ run_dir() {
     commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
     git diff --quiet HEAD -- src kernels Cargo.toml 2>/dev/null || commit="$commit+changes"
     "$PYTHON" - "$dir/meta.json" "$1" "$gpus" "$cpu" "$commit" "$*" <<'EOF'
-import json, os, sys, time
+import json, os, shlex, sys, time
 path, suite, gpus, cpu, commit = sys.argv[1:6]
 keys = ["ROWS", "Q", "REPEAT", "RADIUS", "SHAPES", "CPU_DATASETS", "GPU_METRICS", "METRICS_ROWS",
         "E2E_ROWS", "E2E_Q", "LOOKUP_ROWS", "LOOKUP_BATCHES", "FILES", "DEVICE"]
 json.dump(dict(suite=suite, date=time.strftime("%Y-%m-%d", time.gmtime()), gpus=gpus or None,
                cpu=cpu, cores=os.cpu_count(), commit=commit,
-               command=" ".join(f"{k}={os.environ[k]}" for k in keys if os.environ.get(k))
+               command=" ".join(f"{k}={shlex.quote(os.environ[k])}" for k in keys if os.environ.get(k))
                + f" bench/bench.sh run {suite}"),
           open(path, "w"), indent=1)
 EOF
