@@ -5,12 +5,18 @@
 //! - `right_shards` gives the same answers as one shard, ties included, locally and on a cluster;
 //! - one scheduler and two executors as separate `sparse-knn` processes: `sql --cluster` answers
 //!   equal the local ones, and both executors ran tasks of the join (their work folders hold the
-//!   shuffle files of the join's partitions they ran).
+//!   shuffle files of the join's partitions they ran);
+//! - a cluster that survives its own start and the loss of a part (issue 37): executors started
+//!   before the scheduler wait for it; executors register again with a restarted scheduler
+//!   (through their heartbeat, or by starting over after losing it); one of two executors killed
+//!   during a join leaves the answer equal to the local one; a query with no executor, or that
+//!   loses its only one, fails within a bounded time.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
@@ -433,6 +439,8 @@ fn unreachable_scheduler_is_a_one_line_error() {
             "executor",
             "--scheduler",
             &format!("127.0.0.1:{port}"),
+            "--scheduler-wait",
+            "0",
             "--port",
             &free_port().to_string(),
             "--grpc-port",
@@ -444,4 +452,401 @@ fn unreachable_scheduler_is_a_one_line_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("cannot reach the scheduler"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(30));
+}
+
+// ---- a cluster that survives its own start and the loss of a part (issue 37) ------------------
+
+/// A process of the test cluster whose stderr is collected as it comes; killed when dropped.
+struct Logged {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+    what: String,
+}
+
+impl Logged {
+    fn spawn(mut command: Command, what: &str) -> Self {
+        let mut child = command
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stderr.take().unwrap();
+        let sink = Arc::clone(&stderr);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+                let mut text = sink.lock().unwrap();
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        Self {
+            child,
+            stderr,
+            what: what.to_string(),
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Polls until `done` holds; fails when the process exits first or after `limit`.
+    fn wait_until(&mut self, limit: Duration, why: &str, mut done: impl FnMut(&Self) -> bool) {
+        let start = Instant::now();
+        while !done(self) {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{} exited ({status}) before {why}: {}",
+                    self.what,
+                    self.stderr()
+                );
+            }
+            assert!(
+                start.elapsed() < limit,
+                "{}: not {why} after {limit:?}: {}",
+                self.what,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn wait_for_stderr(&mut self, text: &str) {
+        self.wait_until(Duration::from_secs(60), &format!("saying '{text}'"), |p| {
+            p.stderr().contains(text)
+        });
+    }
+
+    fn wait_for_port(&mut self, port: u16) {
+        self.wait_until(Duration::from_secs(60), "listening", |_| {
+            TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+    }
+}
+
+impl Drop for Logged {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Seconds without a heartbeat after which the test schedulers remove an executor, and the
+/// test executors' heartbeat interval.
+const EXECUTOR_TIMEOUT: &str = "3";
+const HEARTBEAT: &str = "1";
+
+fn start_scheduler(port: u16) -> Logged {
+    let mut c = bin();
+    c.args([
+        "scheduler",
+        "--bind",
+        &format!("127.0.0.1:{port}"),
+        "--executor-timeout",
+        EXECUTOR_TIMEOUT,
+    ]);
+    let mut p = Logged::spawn(c, "scheduler");
+    p.wait_for_port(port);
+    p
+}
+
+/// An executor with one task at a time, its shuffle files in `work`; not waited for.
+fn spawn_executor(scheduler_port: u16, work: &Path, name: &str) -> Logged {
+    let mut c = bin();
+    c.args([
+        "executor",
+        "--scheduler",
+        &format!("127.0.0.1:{scheduler_port}"),
+        "--port",
+        &free_port().to_string(),
+        "--grpc-port",
+        &free_port().to_string(),
+        "--concurrency",
+        "1",
+        "--heartbeat-interval",
+        HEARTBEAT,
+        "--scheduler-wait",
+        "60",
+        "--work-dir",
+        work.to_str().unwrap(),
+    ]);
+    Logged::spawn(c, name)
+}
+
+/// The scheduler's count of live executors, from its `/readyz` answer ("ready: N executors
+/// registered", "not ready: N/M executors registered"); `None` when it does not answer.
+fn alive_executors(port: u16) -> Option<usize> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        stream,
+        "GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    let line = answer
+        .lines()
+        .find(|l| l.contains("executors registered"))?;
+    let digits: String = line
+        .split(": ")
+        .nth(1)?
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+fn wait_for_executors(scheduler: &mut Logged, port: u16, n: usize) {
+    scheduler.wait_until(
+        Duration::from_secs(60),
+        &format!("{n} executors registered"),
+        |_| alive_executors(port) == Some(n),
+    );
+}
+
+/// `parts` Parquet files of the KOS rows with `doc_id < rows` (row `i` in file `i % parts`), in
+/// a new folder `dir/name`; its path.
+fn split_kos(dir: &Path, name: &str, parts: usize, rows: usize) -> String {
+    let folder = dir.join(name);
+    std::fs::create_dir(&folder).unwrap();
+    let copies: Vec<String> = (0..parts)
+        .map(|i| {
+            format!(
+                "COPY (SELECT doc_id, vec FROM 'data/kos_bow.parquet' WHERE doc_id % {parts} = {i} \
+                 AND doc_id < {rows} ORDER BY doc_id) TO '{}' STORED AS PARQUET;",
+                folder.join(format!("part-{i:02}.parquet")).display()
+            )
+        })
+        .collect();
+    sql(&["-c", &copies.join(" ")]);
+    folder.to_str().unwrap().to_string()
+}
+
+fn knn_query(left: &str, k: usize) -> String {
+    format!(
+        "SELECT query_doc_id, neighbor_doc_id, distance, rank FROM knn_join('{left}', 'data/kos_bow.parquet', 'cosine', {k})"
+    )
+}
+
+/// `n` executors, their work folders `dir/e0`, `dir/e1`, ...
+fn spawn_executors(port: u16, dir: &Path, n: usize) -> Vec<Logged> {
+    (0..n)
+        .map(|e| spawn_executor(port, &dir.join(format!("e{e}")), &format!("executor {e}")))
+        .collect()
+}
+
+/// A temporary folder with the first `rows` KOS rows in `parts` files, the knn query over them
+/// and its local answer.
+fn knn_setup(parts: usize, rows: usize, k: usize) -> (tempfile::TempDir, String, String) {
+    let tmp = tempfile::tempdir().unwrap();
+    let left = split_kos(tmp.path(), "left", parts, rows);
+    let query = knn_query(&left, k);
+    let local = sql(&["--format", "csv", "-c", &query]);
+    assert_eq!(
+        local.lines().count(),
+        1 + rows.min(3430) * k,
+        "{local:.300}"
+    );
+    (tmp, query, local)
+}
+
+/// Starts a scheduler on `port`, waits for `executors` to register and checks that `query` on
+/// the cluster gives `local`; the scheduler.
+fn scheduler_answering(
+    port: u16,
+    executors: usize,
+    query: &str,
+    local: &str,
+    when: &str,
+) -> Logged {
+    let mut scheduler = start_scheduler(port);
+    wait_for_executors(&mut scheduler, port, executors);
+    assert!(
+        on_cluster(port, query) == local,
+        "the cluster's answer {when} differs from the local one"
+    );
+    scheduler
+}
+
+/// Kills `executor` (SIGKILL) once it has started on the job of `client` (its first task's
+/// output is in its work folder `work`) while the client still waits; when.
+fn kill_once_running(executor: &mut Logged, work: &Path, client: &mut Child) -> Instant {
+    executor.wait_until(Duration::from_secs(60), "running a task", |_| {
+        !files_under(work).is_empty()
+    });
+    assert!(
+        client.try_wait().unwrap().is_none(),
+        "the query ended before its executor could be killed"
+    );
+    let killed_at = Instant::now();
+    executor.child.kill().unwrap();
+    executor.child.wait().unwrap();
+    killed_at
+}
+
+fn on_cluster(port: u16, query: &str) -> String {
+    let url = format!("df://127.0.0.1:{port}");
+    sql(&["--cluster", &url, "--format", "csv", "-c", query])
+}
+
+#[test]
+fn executors_started_before_the_scheduler_wait_for_it() {
+    let (tmp, query, local) = knn_setup(4, 400, 4);
+
+    let port = free_port();
+    let mut executors = spawn_executors(port, tmp.path(), 2);
+    // Each says it waits (and keeps waiting: it has not exited).
+    for e in &mut executors {
+        e.wait_for_stderr("waiting for the scheduler at 127.0.0.1:");
+    }
+    let scheduler = scheduler_answering(port, 2, &query, &local, "started executors-first");
+    for (e, executor) in executors.iter().enumerate() {
+        assert!(
+            !files_under(&tmp.path().join(format!("e{e}"))).is_empty(),
+            "executor {e} ran no task: {}",
+            executor.stderr()
+        );
+    }
+    let said = scheduler.stderr();
+    assert!(said.matches(" registered").count() >= 2, "{said}");
+}
+
+#[test]
+fn executors_register_again_after_the_scheduler_restarts() {
+    let (tmp, query, local) = knn_setup(4, 400, 3);
+
+    let port = free_port();
+    let mut scheduler = start_scheduler(port);
+    let mut executors = spawn_executors(port, tmp.path(), 2);
+    wait_for_executors(&mut scheduler, port, 2);
+    assert!(on_cluster(port, &query) == local, "first query differs");
+
+    // A quick restart: the executors' next heartbeat registers them with the new scheduler.
+    drop(scheduler);
+    let scheduler = scheduler_answering(port, 2, &query, &local, "after a quick restart");
+
+    // A long outage: after 5 unanswered heartbeats each executor stops its services and waits
+    // for the scheduler again, then registers anew.
+    drop(scheduler);
+    for e in &mut executors {
+        e.wait_for_stderr("lost the scheduler at 127.0.0.1:");
+    }
+    scheduler_answering(port, 2, &query, &local, "after a long outage");
+}
+
+#[test]
+fn an_executor_killed_during_a_join_leaves_the_answer_unchanged() {
+    // All KOS rows in 24 files: 24 tasks, so that each executor (one task at a time) has many.
+    let (tmp, query, local) = knn_setup(24, 3430, 5);
+
+    let port = free_port();
+    let mut scheduler = start_scheduler(port);
+    let (work_a, work_b) = (tmp.path().join("a"), tmp.path().join("b"));
+    let _a = spawn_executor(port, &work_a, "executor a");
+    let mut b = spawn_executor(port, &work_b, "executor b");
+    wait_for_executors(&mut scheduler, port, 2);
+
+    let url = format!("df://127.0.0.1:{port}");
+    let mut client = bin()
+        .args(["sql", "--cluster", &url, "--format", "csv", "-c", &query])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // b has more of the 24 tasks to come: the job cannot end without the scheduler noticing.
+    let killed_at = kill_once_running(&mut b, &work_b, &mut client);
+
+    let out = client.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the join failed: {err}");
+    let text = String::from_utf8(out.stdout).unwrap();
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines[1..].sort();
+    assert!(
+        lines.join("\n") == local,
+        "the join that lost an executor differs from the local one"
+    );
+    // The scheduler removed b after its heartbeats stopped, and said so.
+    scheduler.wait_for_stderr("removed");
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        killed_at.elapsed()
+    );
+}
+
+#[test]
+fn a_query_without_an_executor_fails_in_bounded_time() {
+    let tmp = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut scheduler = start_scheduler(port);
+    let url = format!("df://127.0.0.1:{port}");
+    let query = knn_query("data/kos_bow.parquet", 3);
+
+    // No executor at all: fails after --cluster-timeout.
+    let start = Instant::now();
+    let out = bin()
+        .args([
+            "sql",
+            "--cluster",
+            &url,
+            "--cluster-timeout",
+            "2",
+            "-c",
+            &query,
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    let last = err.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.contains("no executor is registered with the scheduler"),
+        "{err}"
+    );
+    assert!(err.contains("waiting up to 2 s"), "{err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        start.elapsed()
+    );
+
+    // Its only executor lost during the query: fails too, within a bounded time.
+    let left = split_kos(tmp.path(), "left", 24, 3430);
+    let work = tmp.path().join("e");
+    let mut executor = spawn_executor(port, &work, "executor");
+    wait_for_executors(&mut scheduler, port, 1);
+    let query = knn_query(&left, 5);
+    let mut client = bin()
+        .args([
+            "sql",
+            "--cluster",
+            &url,
+            "--cluster-timeout",
+            "2",
+            "-c",
+            &query,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let killed_at = kill_once_running(&mut executor, &work, &mut client);
+    let out = client.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "the query lost its executor and succeeded"
+    );
+    assert!(
+        err.contains("no executor is registered") || err.contains("executors were lost"),
+        "{err}"
+    );
+    assert!(
+        killed_at.elapsed() < Duration::from_secs(30),
+        "{:?}: {err}",
+        killed_at.elapsed()
+    );
 }

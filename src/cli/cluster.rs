@@ -2,6 +2,8 @@
 //! `sql` and `knn` (see docs/cluster.md).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
 use datafusion::execution::context::SessionContext;
@@ -13,6 +15,10 @@ pub struct SchedulerArgs {
     /// Address to listen on (clients use --cluster df://HOST:PORT, executors --scheduler).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:50050")]
     pub bind: String,
+    /// Seconds without a heartbeat after which an executor is removed and its tasks run again
+    /// on the others (several of the executors' --heartbeat-interval).
+    #[arg(long = "executor-timeout", value_name = "SECS", default_value_t = 30)]
+    pub executor_timeout: u64,
 }
 
 #[derive(Debug, Args)]
@@ -35,6 +41,12 @@ pub struct ExecutorArgs {
     /// Folder for shuffle files (default: a temporary folder).
     #[arg(long = "work-dir", value_name = "DIR")]
     pub work_dir: Option<String>,
+    /// Seconds to wait for the scheduler, at the start and after losing it (0: one try).
+    #[arg(long = "scheduler-wait", value_name = "SECS", default_value_t = 120)]
+    pub scheduler_wait: u64,
+    /// Seconds between heartbeats to the scheduler (well below its --executor-timeout).
+    #[arg(long = "heartbeat-interval", value_name = "SECS", default_value_t = 5)]
+    pub heartbeat_interval: u64,
 }
 
 fn host_port(flag: &str, text: &str) -> CliResult<(String, u16)> {
@@ -58,7 +70,14 @@ pub async fn run_scheduler(args: SchedulerArgs) -> CliResult<()> {
         .ok()
         .and_then(|mut a| a.next())
         .ok_or_else(|| CliError(format!("--bind '{}': unknown host", args.bind)))?;
-    crate::cluster::scheduler::run(address).await?;
+    if args.executor_timeout < 2 {
+        cli_bail!("--executor-timeout must be at least 2 seconds");
+    }
+    let options = crate::cluster::scheduler::SchedulerOptions {
+        bind: address,
+        executor_timeout: Duration::from_secs(args.executor_timeout),
+    };
+    crate::cluster::scheduler::run(options).await?;
     Ok(())
 }
 
@@ -66,6 +85,12 @@ pub async fn run_executor(args: ExecutorArgs) -> CliResult<()> {
     let (scheduler_host, scheduler_port) = host_port("--scheduler", &args.scheduler)?;
     if args.concurrency == Some(0) {
         cli_bail!("--concurrency must be at least 1");
+    }
+    if args.port == 0 || args.grpc_port == 0 {
+        cli_bail!("--port and --grpc-port must be port numbers other than 0");
+    }
+    if args.heartbeat_interval == 0 {
+        cli_bail!("--heartbeat-interval must be at least 1 second");
     }
     let options = crate::cluster::executor::ExecutorOptions {
         scheduler_host,
@@ -75,15 +100,30 @@ pub async fn run_executor(args: ExecutorArgs) -> CliResult<()> {
         grpc_port: args.grpc_port,
         concurrency: args.concurrency.unwrap_or(0),
         work_dir: args.work_dir,
+        scheduler_wait: Duration::from_secs(args.scheduler_wait),
+        heartbeat_interval: Duration::from_secs(args.heartbeat_interval),
     };
     crate::cluster::executor::run(options).await?;
     Ok(())
 }
 
 /// `ctx` turned into a client of the cluster at `url`: same functions, settings and tables
-/// (tables must be files the executors can read).
-pub async fn connect(ctx: SessionContext, url: &str) -> CliResult<SessionContext> {
-    crate::cluster::remote_context(url, ctx.state())
-        .await
-        .map_err(|e| CliError(format!("--cluster {url}: {}", e.strip_backtrace())))
+/// (tables must be files the executors can read). A query waits up to `timeout` (default
+/// [`crate::cluster::DEFAULT_CLUSTER_TIMEOUT`]) for a live executor, saying so on stderr, and
+/// then fails.
+pub async fn connect(
+    ctx: SessionContext,
+    url: &str,
+    timeout: Option<Duration>,
+) -> CliResult<SessionContext> {
+    let on_wait: crate::cluster::watch::OnWait =
+        Arc::new(|line: &str| eprintln!("sparse-knn: {line}"));
+    crate::cluster::remote_context_with(
+        url,
+        ctx.state(),
+        timeout.unwrap_or(crate::cluster::DEFAULT_CLUSTER_TIMEOUT),
+        Some(on_wait),
+    )
+    .await
+    .map_err(|e| CliError(format!("--cluster {url}: {}", e.strip_backtrace())))
 }

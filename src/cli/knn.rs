@@ -64,6 +64,9 @@ pub struct KnnArgs {
     /// --right must be paths the executors can read.
     #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
+    /// With --cluster: seconds a query waits for a live executor before it fails (default 60).
+    #[arg(long = "cluster-timeout", value_name = "SECS", requires = "cluster")]
+    pub cluster_timeout: Option<u64>,
     /// At the end, print where the time went: the command's phases (setup, the first and last
     /// pairs, the output's writes and commit) and the join operator's metrics, as EXPLAIN
     /// ANALYZE shows them (the right side's read and build, kernel time per GPU, bytes moved).
@@ -112,7 +115,11 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     };
     let (left_rows, right_rows) = (local_rows(&left_at)?, local_rows(&right_at)?);
 
-    let ctx = super::session_on(&Default::default(), args.cluster.as_deref()).await?;
+    let session_options = super::SessionOptions {
+        cluster_timeout: args.cluster_timeout.map(std::time::Duration::from_secs),
+        ..Default::default()
+    };
+    let ctx = super::session_on(&session_options, args.cluster.as_deref()).await?;
     // The same input on both sides is one table: a self-join, where rows have an identity
     // (exclude_self=true).
     let same_input = args.left == args.right;

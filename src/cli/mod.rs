@@ -188,6 +188,9 @@ pub struct SessionOptions {
     /// The memory pool's size in bytes (`--memory-limit`); `None`: unbounded, DataFusion's
     /// default.
     pub memory_limit: Option<u64>,
+    /// With `--cluster`: how long a query waits for a live executor (`--cluster-timeout`);
+    /// `None`: `cluster::DEFAULT_CLUSTER_TIMEOUT`.
+    pub cluster_timeout: Option<Duration>,
 }
 
 /// A session with every sparse-knn function and setting registered.
@@ -211,7 +214,7 @@ pub async fn session_on(
     let Some(url) = cluster else { return Ok(ctx) };
     #[cfg(feature = "cluster")]
     {
-        let ctx = cluster::connect(ctx, url).await?;
+        let ctx = cluster::connect(ctx, url, options.cluster_timeout).await?;
         // The URL-table factory reads files through the session it serves: the new one.
         _factory
             .inner()

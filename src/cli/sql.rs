@@ -49,6 +49,9 @@ pub struct SqlArgs {
     /// paths must be files the executors can read.
     #[arg(long, value_name = "df://HOST:PORT")]
     pub cluster: Option<String>,
+    /// With --cluster: seconds a query waits for a live executor before it fails (default 60).
+    #[arg(long = "cluster-timeout", value_name = "SECS", requires = "cluster")]
+    pub cluster_timeout: Option<u64>,
 }
 
 pub async fn run(args: SqlArgs) -> CliResult<()> {
@@ -58,7 +61,11 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         .map(|s| parse_bytes("--memory-limit", s))
         .transpose()
         .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?;
-    let ctx = super::session_on(&SessionOptions { memory_limit }, args.cluster.as_deref()).await?;
+    let options = SessionOptions {
+        memory_limit,
+        cluster_timeout: args.cluster_timeout.map(std::time::Duration::from_secs),
+    };
+    let ctx = super::session_on(&options, args.cluster.as_deref()).await?;
     for spec in &args.tables {
         let Some((name, path)) = spec.split_once('=') else {
             cli_bail!("--table '{spec}' is not of the form NAME=PATH");

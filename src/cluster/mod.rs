@@ -8,15 +8,19 @@
 //!   states for clients, the scheduler and executors; [`session::remote_context`] and
 //!   [`session::standalone_context`] for embedders.
 //! - [`scheduler`] / [`executor`]: the `sparse-knn scheduler` and `sparse-knn executor`
-//!   processes.
+//!   processes (executors wait for their scheduler and register again after it restarts; the
+//!   scheduler removes silent executors after a bounded time and runs their tasks elsewhere).
+//! - [`watch`]: a client's query fails, after a bounded time, when no executor is alive.
 
 pub mod codec;
 pub mod executor;
 pub mod scheduler;
 pub mod session;
+pub mod watch;
 
 pub use codec::{SparseKnnLogicalCodec, SparseKnnPhysicalCodec};
 pub use session::{
-    function_registry, remote_context, server_state, session_config, standalone_context,
-    upgrade_for_cluster,
+    function_registry, remote_context, remote_context_with, server_state, session_config,
+    standalone_context, upgrade_for_cluster,
 };
+pub use watch::DEFAULT_CLUSTER_TIMEOUT;

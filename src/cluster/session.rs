@@ -22,13 +22,14 @@ use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
 use super::codec::{SparseKnnLogicalCodec, SparseKnnPhysicalCodec};
+use super::watch::{ClusterWatch, OnWait, WatchedPlanner, DEFAULT_CLUSTER_TIMEOUT};
 use crate::options::SparseKnnConfig;
 
 /// The largest gRPC message the processes exchange: plans carry in-memory tables (the results
 /// of `CREATE TABLE ... AS`), so Ballista's 16 MiB default is raised.
 pub const MAX_MESSAGE_BYTES: usize = 512 << 20;
 
-/// How long a client or an executor waits for the scheduler to answer before giving up.
+/// How long a client waits for the scheduler to answer before giving up.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// `config` made fit for the cluster: Ballista's settings, the `sparse_knn.*` settings (kept when
@@ -121,7 +122,22 @@ pub async fn check_reachable(what: &str, host: &str, port: u16) -> Result<()> {
 /// should have `register_all`'s functions; tables registered in it must be files the executors
 /// can read, or in-memory tables small enough to travel in the plan). Statements are planned
 /// here, run on the cluster, and their results stream back.
+///
+/// A query that finds no live executor waits up to [`DEFAULT_CLUSTER_TIMEOUT`] for one and then
+/// fails ([`remote_context_with`] sets the time).
 pub async fn remote_context(url: &str, state: SessionState) -> Result<SessionContext> {
+    remote_context_with(url, state, DEFAULT_CLUSTER_TIMEOUT, None).await
+}
+
+/// [`remote_context`] whose queries wait up to `timeout` for a live executor (before the job is
+/// submitted, and while it has not finished) and then fail with an error that says no executor
+/// is registered; `on_wait` is told when a query starts waiting (see [`super::watch`]).
+pub async fn remote_context_with(
+    url: &str,
+    state: SessionState,
+    timeout: Duration,
+    on_wait: Option<OnWait>,
+) -> Result<SessionContext> {
     let (host, port) = scheduler_address(url)?;
     check_reachable("scheduler", &host, port).await?;
     let config = upgrade_for_cluster(state.config().clone());
@@ -131,6 +147,23 @@ pub async fn remote_context(url: &str, state: SessionState) -> Result<SessionCon
         .with_config(config)
         .build();
     let ctx = SessionContext::remote_with_state(&format!("df://{host}:{port}"), state).await?;
+    // Ballista's query planner, with a watch over the plans it sends to the cluster.
+    let state = ctx.state();
+    let planner = WatchedPlanner {
+        inner: Arc::clone(state.query_planner()),
+        watch: ClusterWatch {
+            host,
+            port,
+            timeout,
+            on_wait,
+        },
+    };
+    let session_id = state.session_id().to_string();
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_session_id(session_id)
+        .with_query_planner(Arc::new(planner))
+        .build();
+    let ctx = SessionContext::new_with_state(state);
     // Ballista's client state takes its own list of scalar functions: add ours again.
     crate::udf::register(&ctx)?;
     Ok(ctx)
