@@ -22,6 +22,7 @@ use object_store::ObjectStore;
 use url::Url;
 
 use super::{CliError, CliResult};
+use crate::planner::is_object_store_url;
 
 /// Where a file or folder is: on this machine or in an object store.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,17 +83,6 @@ impl fmt::Display for Location {
             Location::Remote(u) => write!(f, "{u}"),
         }
     }
-}
-
-/// Whether `text` is an object-store URL (a scheme other than `file://`).
-pub fn is_object_store_url(text: &str) -> bool {
-    text.split_once("://").is_some_and(|(scheme, _)| {
-        !scheme.is_empty()
-            && !scheme.eq_ignore_ascii_case("file")
-            && scheme
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-    })
 }
 
 /// The session's object-store registry: DataFusion's, plus an S3 store made on first use for
@@ -236,16 +226,6 @@ mod tests {
         let e = Location::parse("--left", "s3:///x.parquet").unwrap_err().0;
         assert!(e.contains("names no bucket"), "{e}");
         assert!(Location::parse("--left", " ").is_err());
-    }
-
-    #[test]
-    fn object_store_urls_are_told_from_paths() {
-        assert!(is_object_store_url("s3://b/k.parquet"));
-        assert!(is_object_store_url("S3://b/"));
-        assert!(!is_object_store_url("file:///tmp/x.parquet"));
-        assert!(!is_object_store_url("data/x.parquet"));
-        assert!(!is_object_store_url("my table"));
-        assert!(!is_object_store_url("a b://c"));
     }
 
     #[test]

@@ -14,6 +14,7 @@
 
 mod dataframe;
 mod exec;
+mod gather;
 mod logical;
 mod shard;
 mod source;
@@ -35,11 +36,10 @@ use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
 pub use exec::{poll_inputs_in_place, SparseJoinExec};
+pub use gather::{gather, gathered, in_file_order, GatherExec};
 pub use logical::SparseJoinNode;
-pub use shard::{
-    gather, in_file_order, plan_sharded, GatherExec, PartitionExec, ShardExec, ShardMergeExec,
-    ShardedJoinExec, ROW_ID,
-};
+pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};
+pub use source::is_object_store_url;
 pub use spec::{
     find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
     DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,

@@ -32,6 +32,18 @@ pub(crate) fn block_on_io<T>(
     }
 }
 
+/// Whether `text` is an object-store URL (a scheme other than `file://`). The planner and the CLI
+/// both ask; the CLI resolves such URLs into object stores, the planner only recognises them.
+pub fn is_object_store_url(text: &str) -> bool {
+    text.split_once("://").is_some_and(|(scheme, _)| {
+        !scheme.is_empty()
+            && !scheme.eq_ignore_ascii_case("file")
+            && scheme
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+    })
+}
+
 /// Whether `text` looks like a path rather than a table name.
 pub fn looks_like_path(text: &str) -> bool {
     text.contains('/')
@@ -74,7 +86,7 @@ pub fn parquet_table(
     path: &str,
     config: &ConfigOptions,
 ) -> Result<Arc<dyn TableProvider>> {
-    if crate::cli::store::is_object_store_url(path) {
+    if is_object_store_url(path) {
         return plan_err!(
             "{function}: {argument}: '{path}' is an object-store URL; this session reads those only through the relation planner (register_all) with URL tables enabled"
         );
@@ -127,4 +139,19 @@ pub fn parquet_table(
 /// Parquet footers carry the writer's Arrow schema as metadata; it is not part of the data.
 fn strip_metadata(schema: &arrow::datatypes::Schema) -> arrow::datatypes::Schema {
     arrow::datatypes::Schema::new(schema.fields().clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_store_urls_are_told_from_paths() {
+        assert!(is_object_store_url("s3://b/k.parquet"));
+        assert!(is_object_store_url("S3://b/"));
+        assert!(!is_object_store_url("file:///tmp/x.parquet"));
+        assert!(!is_object_store_url("data/x.parquet"));
+        assert!(!is_object_store_url("my table"));
+        assert!(!is_object_store_url("a b://c"));
+    }
 }

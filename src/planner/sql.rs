@@ -369,7 +369,7 @@ impl SparseJoinRelationPlanner {
                     );
                 };
                 let config = context.context_provider().options();
-                if crate::cli::store::is_object_store_url(&text) {
+                if super::source::is_object_store_url(&text) {
                     let Some(table) = self.lookup_url(config, &text).map_err(in_context)? else {
                         return plan_err!(
                             "{function}: {argument}: '{text}' is an object-store URL, which this session cannot read: enable URL tables (SessionContext::enable_url_table) and register an object store for it (`sparse-knn sql` does both for s3://)"

@@ -1,0 +1,338 @@
+//! The right side of one operator, built once and shared by its output partitions: each input
+//! partition read on a task of its own (partition order is row order), its vectors converted on
+//! the blocking pool while the scan decodes the next batch, then indexed by the chosen backend
+//! (a GPU join's driver, contexts and kernels warm up during the read).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::RecordBatch;
+use arrow::compute::concat_batches;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::common::{exec_err, DataFusionError, Result};
+use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::TaskContext;
+use datafusion::physical_plan::metrics::{
+    Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
+};
+use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
+use futures::future::{BoxFuture, FutureExt};
+use futures::StreamExt;
+
+use super::{inputs_on_own_tasks, key_column};
+use crate::cpu::CpuBackend;
+use crate::gpu::{GpuBackend, GpuOptions};
+use crate::join::{max_chunk_nnz, Backend, JoinIndex, KeyGroups};
+use crate::options::ExcludeSelf;
+use crate::planner::spec::{Device, JoinSpec, Layout};
+use crate::vector::SparseBatch;
+
+/// The right side, ready to probe.
+pub(super) struct BuildSide {
+    pub(super) index: Box<dyn JoinIndex>,
+    pub(super) rows: usize,
+    /// The right input itself, when the operator probes it against itself (exclude_self=true):
+    /// its batches as read (not concatenated: their list offsets may not fit one batch).
+    pub(super) input: Option<Vec<RecordBatch>>,
+    /// `exclude_self=COLUMN`: the right rows' key groups.
+    pub(super) key_groups: Option<KeyGroups>,
+    /// The right input's other columns, all rows in order.
+    pub(super) others: RecordBatch,
+    pub(super) _reservation: Arc<MemoryReservation>,
+}
+
+/// What the blocking build task hands back: the index, the key groups, the right input itself
+/// (when kept), the right side's other columns, the index's memory, the bytes it copied to a device, and the right side's row count.
+type BuiltSide = (
+    Box<dyn JoinIndex>,
+    Option<KeyGroups>,
+    Option<Vec<RecordBatch>>,
+    RecordBatch,
+    usize,
+    u64,
+    usize,
+);
+
+pub(super) fn gpu_options(spec: &JoinSpec) -> GpuOptions {
+    GpuOptions {
+        memory_limit: spec.options.gpu_memory_limit,
+        gpus: spec.options.gpus.clone(),
+        dense_columns: spec.options.dense_columns,
+    }
+}
+
+/// One right partition as read: its batches and their vectors, converted where they were valid
+/// (None: converted again with the rows' place in the whole side, for the error).
+#[derive(Default)]
+pub(super) struct ReadPartition {
+    pub(super) batches: Vec<RecordBatch>,
+    pub(super) pieces: Vec<Option<Vec<SparseBatch>>>,
+}
+
+/// Counters of the build, shown once per operator.
+pub(super) struct BuildMetrics {
+    pub(super) rows: Count,
+    /// Reading the right side (and converting its vectors), until the last partition is in.
+    pub(super) read_time: Time,
+    pub(super) time: Time,
+    pub(super) memory: Gauge,
+    pub(super) bytes_to_device: Count,
+    /// Row ranges indexed separately: more than one past 2^31 entries or over several GPUs.
+    pub(super) shards: Count,
+}
+
+impl BuildMetrics {
+    pub(super) fn new(metrics: &ExecutionPlanMetricsSet) -> Self {
+        Self {
+            rows: MetricBuilder::new(metrics).global_counter("build_rows"),
+            read_time: MetricBuilder::new(metrics).subset_time("build_read_time", 0),
+            time: MetricBuilder::new(metrics).subset_time("build_time", 0),
+            memory: MetricBuilder::new(metrics).global_gauge("build_mem_used"),
+            bytes_to_device: MetricBuilder::new(metrics).global_counter("build_bytes_to_device"),
+            shards: MetricBuilder::new(metrics).global_counter("build_shards"),
+        }
+    }
+}
+
+pub(super) struct BuildJob {
+    /// Told when the right side is read (the left read-ahead waits for it).
+    pub(super) right_read: Option<futures::channel::oneshot::Sender<()>>,
+    /// Keep the right input's batches (all columns) to probe them against the index.
+    pub(super) keep_input: bool,
+    pub(super) name: &'static str,
+    pub(super) spec: Arc<JoinSpec>,
+    pub(super) device: Device,
+    pub(super) right: Arc<dyn ExecutionPlan>,
+    pub(super) layout: Layout,
+    pub(super) context: Arc<TaskContext>,
+    pub(super) metrics: BuildMetrics,
+}
+
+impl BuildJob {
+    pub(super) async fn run(mut self) -> Result<BuildSide> {
+        let reservation = Arc::new(
+            MemoryConsumer::new(format!("{}[build side]", self.name))
+                .register(self.context.memory_pool()),
+        );
+        // The gathered input's own partitions, read side by side below and kept in order.
+        let source = Arc::clone(crate::planner::gather::gathered(&self.right));
+        let partitions = source.output_partitioning().partition_count();
+        let in_order = crate::planner::gather::in_file_order(&self.context);
+        let started = Instant::now();
+        // The driver starts, the GPUs open their contexts and the metric's kernels compile
+        // while the right side is read (0.3-0.6 s on the H200s measured, which used to come
+        // before and after the read).
+        if self.device == Device::Gpu {
+            GpuBackend {
+                options: gpu_options(&self.spec),
+            }
+            .warm_up(&self.spec.metric);
+        }
+        let right_schema = self.right.schema();
+        let vector_name = right_schema.field(self.layout.right_vector).name().clone();
+        // Each partition is read (and its vectors converted) on a task of its own: polled from
+        // this one task, a file scan decodes one partition at a time. Partitions stay in
+        // partition order: that order is the right side's row order, which breaks ties and
+        // defines exclude_self's row positions.
+        let reading: Vec<BoxFuture<'static, Result<ReadPartition>>> = (0..partitions)
+            .map(|p| {
+                let stream = source.execute(p, Arc::clone(&in_order));
+                let reservation = Arc::clone(&reservation);
+                let check = self.spec.vector_check(&vector_name);
+                let vector = self.layout.right_vector;
+                async move {
+                    let mut stream = stream?;
+                    let mut read = ReadPartition::default();
+                    let mut converting = Vec::new();
+                    let mut row = 0u64;
+                    while let Some(batch) = stream.next().await {
+                        let batch = batch?;
+                        reservation.try_grow(batch.get_array_memory_size())?;
+                        // Converted on the blocking pool while the scan decodes the next batch
+                        // (a file's row groups are its scan's only parallelism: 5 partitions
+                        // of 32 read the movielens file). Row numbers count from this
+                        // partition's start; a batch that fails is converted again below,
+                        // where its rows have their place in the whole side, so that the error
+                        // names the right row.
+                        let array = Arc::clone(batch.column(vector));
+                        let check = check.clone().with_first_row(row);
+                        converting.push(SpawnedTask::spawn_blocking(move || {
+                            SparseBatch::try_from_array_chunked(
+                                array.as_ref(),
+                                &check,
+                                max_chunk_nnz(),
+                            )
+                            .ok()
+                        }));
+                        row += batch.num_rows() as u64;
+                        read.batches.push(batch);
+                    }
+                    for task in converting {
+                        read.pieces.push(
+                            task.join()
+                                .await
+                                .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                        );
+                    }
+                    Ok(read)
+                }
+                .boxed()
+            })
+            .collect();
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut converted: Vec<Option<Vec<SparseBatch>>> = Vec::new();
+        let partitions_read: Vec<Result<ReadPartition>> = if inputs_on_own_tasks() {
+            let tasks: Vec<_> = reading.into_iter().map(SpawnedTask::spawn).collect();
+            let mut read = Vec::with_capacity(tasks.len());
+            for task in tasks {
+                read.push(
+                    task.join()
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))?,
+                );
+            }
+            read
+        } else {
+            futures::future::try_join_all(reading)
+                .await
+                .map_err(|e| self.resource_hint(e))?
+                .into_iter()
+                .map(Ok)
+                .collect()
+        };
+        for read in partitions_read {
+            let read = read.map_err(|e| self.resource_hint(e))?;
+            batches.extend(read.batches);
+            converted.extend(read.pieces);
+        }
+        self.metrics.read_time.add_duration(started.elapsed());
+        log::debug!(
+            "{}: read the right side ({} batches) in {:?}",
+            self.name,
+            batches.len(),
+            started.elapsed()
+        );
+        if let Some(read) = self.right_read.take() {
+            let _ = read.send(());
+        }
+
+        let started = Instant::now();
+        let Self {
+            spec,
+            device,
+            layout,
+            metrics,
+            name,
+            keep_input,
+            ..
+        } = self;
+        let right_key = match &spec.options.exclude_self {
+            ExcludeSelf::Column(c) => Some(key_column(&right_schema, c, "right")?),
+            _ => None,
+        };
+        let built = SpawnedTask::spawn_blocking(move || -> Result<BuiltSide> {
+            let check = spec.vector_check(&vector_name);
+            // Pieces of at most max_chunk_nnz() entries; the backend cuts them into shards.
+            let mut pieces = Vec::with_capacity(batches.len());
+            let mut row = 0u64;
+            for (batch, done) in batches.iter().zip(converted) {
+                match done {
+                    Some(done) => pieces.extend(done),
+                    None => pieces.extend(SparseBatch::try_from_array_chunked(
+                        batch.column(layout.right_vector).as_ref(),
+                        &check.clone().with_first_row(row),
+                        max_chunk_nnz(),
+                    )?),
+                }
+                row += batch.num_rows() as u64;
+            }
+            let rows = row as usize;
+            let others_schema = Arc::new(right_schema.project(&layout.right_others)?);
+            let projected = batches
+                .iter()
+                .map(|b| b.project(&layout.right_others))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            let others = concat_batches(&others_schema, &projected)?;
+            let input = keep_input.then(|| batches.clone());
+            let key_groups = match right_key {
+                Some(i) => {
+                    let keys: Vec<&dyn arrow::array::Array> =
+                        batches.iter().map(|b| b.column(i).as_ref()).collect();
+                    let keys = if keys.is_empty() {
+                        arrow::array::new_empty_array(right_schema.field(i).data_type())
+                    } else {
+                        arrow::compute::concat(&keys)?
+                    };
+                    Some(KeyGroups::build(&keys)?)
+                }
+                None => None,
+            };
+            drop(batches);
+            if rows > u32::MAX as usize {
+                return exec_err!(
+                    "{name}: the right side has {rows} rows; at most {} are supported",
+                    u32::MAX
+                );
+            }
+            let backend: Box<dyn Backend> = match device {
+                Device::Cpu => Box::new(CpuBackend),
+                Device::Gpu => Box::new(GpuBackend {
+                    options: gpu_options(&spec),
+                }),
+            };
+            let index = backend.build_pieces(pieces, &spec.metric)?;
+            let size = index.memory_size()
+                + key_groups.as_ref().map_or(0, |g| g.memory_size())
+                + input.as_ref().map_or(0, |bs| {
+                    bs.iter().map(RecordBatch::get_array_memory_size).sum()
+                });
+            let bytes = index.build_bytes_to_device();
+            Ok((index, key_groups, input, others, size, bytes, rows))
+        })
+        .await
+        .map_err(|e| DataFusionError::External(Box::new(e)))??;
+        let (index, key_groups, input, others, index_size, bytes, rows) = built;
+        // The raw batches are gone; what stays is the index and the other right columns.
+        let retained = index_size + others.get_array_memory_size();
+        reservation.try_resize(retained).map_err(|e| {
+            let reason = match e {
+                DataFusionError::ResourcesExhausted(m) => m,
+                e => e.to_string(),
+            };
+            DataFusionError::ResourcesExhausted(format!(
+                "{name}: the right side's index needs {retained} bytes of session memory: \
+                 {reason}; raise the memory limit or join a smaller right side"
+            ))
+        })?;
+        metrics.rows.add(rows);
+        metrics.time.add_duration(started.elapsed());
+        metrics.memory.set(retained);
+        metrics.bytes_to_device.add(bytes as usize);
+        metrics.shards.add(index.shards());
+        log::debug!(
+            "{name}: built the right side ({rows} rows) on the {device} in {:?}",
+            started.elapsed()
+        );
+        Ok(BuildSide {
+            index,
+            rows,
+            input,
+            key_groups,
+            others,
+            _reservation: reservation,
+        })
+    }
+
+    fn resource_hint(&self, e: DataFusionError) -> DataFusionError {
+        match e {
+            DataFusionError::ResourcesExhausted(msg) => {
+                DataFusionError::ResourcesExhausted(format!(
+                "{}: reading the right side into memory: {msg}; raise the memory limit or join a \
+                 smaller right side",
+                self.name
+            ))
+            }
+            e => e,
+        }
+    }
+}

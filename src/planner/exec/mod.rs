@@ -1,0 +1,501 @@
+//! The physical operator: builds the right side once (CPU inverted index or GPU-resident CSR),
+//! then streams the left side batch by batch through the probe.
+//!
+//! One struct serves both functions; it names itself `KnnJoinExec` or `RadiusJoinExec`.
+//!
+//! - this file: the operator (planning properties, display, `execute`'s wiring of one output
+//!   partition: the left input, its read-ahead, the probe job);
+//! - `build.rs`: the right side read partition by partition, converted, and indexed once per
+//!   operator, shared by every output partition;
+//! - `stream.rs`: the probe stream of one output partition (left batches gathered into probes,
+//!   sliced by the pairs they may make, two probes in flight, output cut to the batch size);
+//! - `probe.rs`: one probe on the blocking pool, its metrics and its memory;
+//! - `output.rs`: pairs to the output columns.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{internal_err, DataFusionError, Result};
+use datafusion::execution::memory_pool::MemoryConsumer;
+use datafusion::execution::TaskContext;
+use datafusion::physical_expr::{EquivalenceProperties, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::metrics::{
+    BaselineMetrics, ExecutionPlanMetricsSet, MetricBuilder, MetricsSet,
+};
+use datafusion::physical_plan::stream::{
+    RecordBatchReceiverStreamBuilder, RecordBatchStreamAdapter,
+};
+use datafusion::physical_plan::{
+    DisplayAs, DisplayFormatType, Distribution, ExecutionPlan, ExecutionPlanProperties,
+    Partitioning, PlanProperties, SendableRecordBatchStream,
+};
+use futures::future::{BoxFuture, FutureExt, Shared};
+use futures::{StreamExt, TryStreamExt};
+
+use super::logical::exclusion_column;
+use super::spec::{Device, JoinKind, JoinSpec, Layout};
+use crate::join::{Cancel, CancelOnDrop};
+use crate::options::{DeviceChoice, ExcludeSelf};
+
+mod build;
+mod output;
+mod probe;
+mod stream;
+
+use build::{BuildJob, BuildMetrics, BuildSide};
+use probe::ProbeJob;
+
+/// Pairs one probe may produce at most: a left batch is probed in slices of rows whose pairs
+/// (k, or every right row for a radius join) stay below this, so a join that matches everything
+/// streams its output slice by slice instead of holding it all (2M pairs: 32 MB of pairs).
+const PAIRS_PER_PROBE: usize = 1 << 21;
+
+/// Left rows one probe takes at most (see `execute`).
+const PROBE_ROWS: usize = 1 << 16;
+
+/// Whether the operator may poll its inputs on tasks of its own (see [`poll_inputs_in_place`]).
+static INPUTS_ON_OWN_TASKS: AtomicBool = AtomicBool::new(true);
+
+fn inputs_on_own_tasks() -> bool {
+    INPUTS_ON_OWN_TASKS.load(Ordering::Relaxed)
+}
+
+/// From now on, joins of this process poll their inputs only from the task that polls the join
+/// (one partition after another within it), never from tasks they spawn. For hosts whose input
+/// plans belong to another build of tokio: datafusion-python's scans, reached through
+/// datafusion-ffi, abort the process when polled on this crate's runtime threads. Costs the
+/// parallel read of the right side and the left side's read-ahead.
+pub fn poll_inputs_in_place() {
+    INPUTS_ON_OWN_TASKS.store(false, Ordering::Relaxed);
+}
+
+/// Left batches read ahead of the probes, per output partition (see `execute`).
+const LEFT_READ_AHEAD: usize = 4;
+
+/// Probes of one output partition that run at once (see `execute`).
+const PROBES_IN_FLIGHT: usize = 2;
+
+type SharedBuild =
+    Shared<BoxFuture<'static, std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>>>;
+
+/// Resolves once the right side is read (or its build is over, read or not).
+type RightRead = Shared<futures::channel::oneshot::Receiver<()>>;
+
+/// `knn_join` / `radius_join` as an execution plan.
+pub struct SparseJoinExec {
+    spec: Arc<JoinSpec>,
+    device: Device,
+    left: Arc<dyn ExecutionPlan>,
+    right: Arc<dyn ExecutionPlan>,
+    layout: Layout,
+    schema: SchemaRef,
+    /// The right side, built by whichever output partition asks first and shared by all.
+    build: Mutex<Option<(SharedBuild, RightRead)>>,
+    metrics: ExecutionPlanMetricsSet,
+    cache: Arc<PlanProperties>,
+}
+
+impl fmt::Debug for SparseJoinExec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(self.display_name())
+            .field("spec", &self.spec)
+            .field("device", &self.device)
+            .field("layout", &self.layout)
+            .finish()
+    }
+}
+
+impl SparseJoinExec {
+    /// Plans the operator over two physical inputs whose vector columns are named
+    /// `left_vector` / `right_vector`; `device` is already resolved.
+    pub fn try_new(
+        spec: Arc<JoinSpec>,
+        device: Device,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        left_vector: &str,
+        right_vector: &str,
+    ) -> Result<Self> {
+        // Inputs read whole, as one partition in partition order (see `gather::gather`).
+        let right = super::gather::gather(right);
+        let left = if spec.options.exclude_self.by_identity() {
+            super::gather::gather(left)
+        } else {
+            left
+        };
+        let layout = physical_layout(
+            &spec,
+            &left.schema(),
+            &right.schema(),
+            left_vector,
+            right_vector,
+        )?;
+        let schema = Arc::new(layout.output_schema(&left.schema(), &right.schema()));
+        let partitions = if spec.options.exclude_self == ExcludeSelf::Identity {
+            1
+        } else {
+            left.output_partitioning().partition_count()
+        };
+        let cache = PlanProperties::new(
+            EquivalenceProperties::new(Arc::clone(&schema)),
+            Partitioning::UnknownPartitioning(partitions),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Self {
+            spec,
+            device,
+            left,
+            right,
+            layout,
+            schema,
+            build: Mutex::new(None),
+            metrics: ExecutionPlanMetricsSet::new(),
+            cache: Arc::new(cache),
+        })
+    }
+
+    pub fn spec(&self) -> &JoinSpec {
+        &self.spec
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn left(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.left
+    }
+
+    pub fn right(&self) -> &Arc<dyn ExecutionPlan> {
+        &self.right
+    }
+
+    fn display_name(&self) -> &'static str {
+        match self.spec.kind {
+            JoinKind::Knn { .. } => "KnnJoinExec",
+            JoinKind::Radius { .. } => "RadiusJoinExec",
+        }
+    }
+
+    fn vector_name(plan: &Arc<dyn ExecutionPlan>, index: usize) -> String {
+        plan.schema().field(index).name().clone()
+    }
+
+    fn with_children(
+        &self,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+    ) -> Result<Self> {
+        Self::try_new(
+            Arc::clone(&self.spec),
+            self.device,
+            left,
+            right,
+            &Self::vector_name(&self.left, self.layout.left_vector),
+            &Self::vector_name(&self.right, self.layout.right_vector),
+        )
+    }
+
+    /// exclude_self=true with both children alike (the logical node gives both the same
+    /// columns): the right input is read once and probed against itself.
+    fn reads_input_once(&self) -> bool {
+        self.spec.options.exclude_self == ExcludeSelf::Identity
+            && self.left.schema() == self.right.schema()
+            && self.layout.left_vector == self.layout.right_vector
+    }
+
+    fn shared_build(&self, context: &Arc<TaskContext>) -> (SharedBuild, RightRead) {
+        let mut slot = self.build.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(build) = slot.as_ref() {
+            return build.clone();
+        }
+        let (read, right_read) = futures::channel::oneshot::channel();
+        let job = BuildJob {
+            right_read: Some(read),
+            keep_input: self.reads_input_once(),
+            name: self.display_name(),
+            spec: Arc::clone(&self.spec),
+            device: self.device,
+            right: Arc::clone(&self.right),
+            layout: self.layout.clone(),
+            context: Arc::clone(context),
+            metrics: BuildMetrics::new(&self.metrics),
+        };
+        let build = async move { job.run().await.map(Arc::new).map_err(Arc::new) }
+            .boxed()
+            .shared();
+        let built = (build, right_read.shared());
+        *slot = Some(built.clone());
+        built
+    }
+}
+
+/// Finds the vector columns by name in the physical inputs, which have the logical inputs' columns.
+fn physical_layout(
+    spec: &JoinSpec,
+    left: &Schema,
+    right: &Schema,
+    left_vector: &str,
+    right_vector: &str,
+) -> Result<Layout> {
+    let find =
+        |schema: &Schema, name: &str| match schema.fields().iter().position(|f| f.name() == name) {
+            Some(i) => Ok(i),
+            None => internal_err!(
+                "{}: vector column '{name}' is missing from the physical input",
+                spec.function_name()
+            ),
+        };
+    let left_vector = find(left, left_vector)?;
+    let right_vector = find(right, right_vector)?;
+    Ok(Layout::with_vectors(
+        spec,
+        left,
+        right,
+        left_vector,
+        right_vector,
+    ))
+}
+
+impl SparseJoinExec {
+    /// `, gpus=0,1` when a GPU join was asked for some GPUs (the default is all of them).
+    fn gpus_label(&self) -> String {
+        match (&self.device, &self.spec.options.gpus) {
+            (Device::Gpu, Some(list)) => format!(
+                ", gpus={}",
+                list.iter()
+                    .map(usize::to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            _ => String::new(),
+        }
+    }
+}
+
+impl DisplayAs for SparseJoinExec {
+    fn fmt_as(&self, t: DisplayFormatType, f: &mut fmt::Formatter) -> fmt::Result {
+        match t {
+            DisplayFormatType::Default => write!(
+                f,
+                "{}: {}, device={}{}",
+                self.display_name(),
+                self.spec,
+                self.device,
+                self.gpus_label()
+            ),
+            DisplayFormatType::Verbose => {
+                write!(
+                    f,
+                    "{}: {}, device={}{}",
+                    self.display_name(),
+                    self.spec,
+                    self.device,
+                    self.gpus_label()
+                )?;
+                // Why device=auto chose the CPU.
+                if self.spec.options.device == DeviceChoice::Auto && self.device == Device::Cpu {
+                    if let Some(reason) = crate::gpu::auto_fallback_reason() {
+                        write!(f, " (auto: {reason})")?;
+                    }
+                }
+                Ok(())
+            }
+            DisplayFormatType::TreeRender => {
+                writeln!(f, "metric={}", self.spec.metric)?;
+                writeln!(f, "{}", self.spec.kind)?;
+                write!(f, "device={}", self.device)
+            }
+        }
+    }
+}
+
+impl ExecutionPlan for SparseJoinExec {
+    fn name(&self) -> &str {
+        self.display_name()
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.cache
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        vec![&self.left, &self.right]
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        mut children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        if children.len() != 2 {
+            return internal_err!(
+                "{} takes two children, got {}",
+                self.display_name(),
+                children.len()
+            );
+        }
+        let right = children.pop().expect("two children");
+        let left = children.pop().expect("two children");
+        Ok(Arc::new(self.with_children(left, right)?))
+    }
+
+    fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(Arc::new(self.with_children(
+            Arc::clone(&self.left),
+            Arc::clone(&self.right),
+        )?))
+    }
+
+    fn required_input_distribution(&self) -> Vec<Distribution> {
+        // Each left partition is probed on its own. The inputs read whole (the right side; the
+        // left too under exclude_self) are made one partition, in partition order, by
+        // `gather::gather` in `try_new` (a planner's CoalescePartitionsExec would lose the row
+        // order that exclude_self and ties depend on), and ask for it: so nothing is added by
+        // the optimizer, and Ballista gives every task all of them rather than its share.
+        let whole = |yes: bool| {
+            if yes {
+                Distribution::SinglePartition
+            } else {
+                Distribution::UnspecifiedDistribution
+            }
+        };
+        vec![
+            whole(self.spec.options.exclude_self.by_identity()),
+            whole(true),
+        ]
+    }
+
+    fn benefits_from_input_partitioning(&self) -> Vec<bool> {
+        // The probe already uses every core per batch.
+        vec![false, false]
+    }
+
+    fn maintains_input_order(&self) -> Vec<bool> {
+        vec![false, false]
+    }
+
+    fn metrics(&self) -> Option<MetricsSet> {
+        Some(self.metrics.clone_inner())
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let left_partitions = self.left.output_partitioning().partition_count();
+        let exclude_self = self.spec.options.exclude_self == ExcludeSelf::Identity;
+        let parts: Vec<usize> = if exclude_self {
+            if partition != 0 {
+                return internal_err!(
+                    "{} with exclude_self has one partition, asked for {partition}",
+                    self.display_name()
+                );
+            }
+            // Row positions must count across the whole left input, in order.
+            (0..left_partitions).collect()
+        } else {
+            vec![partition]
+        };
+        let (build, right_read) = self.shared_build(&context);
+        let left = Arc::clone(&self.left);
+        let ctx = Arc::clone(&context);
+        let left_stream = futures::stream::iter(parts)
+            .map(move |p| left.execute(p, Arc::clone(&ctx)))
+            .try_flatten();
+        // A self-join with exclude_self=true probes the right side's own rows, read once: two
+        // scans of one input need not give the same row order (a folder's files are listed
+        // concurrently), and positions are what identify a row.
+        let reuse_right = self.reads_input_once();
+        let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
+            if reuse_right || !inputs_on_own_tasks() {
+                left_stream.boxed()
+            } else {
+                // The first left batches are read while the right side is built, so that the
+                // first probe does not start with a read (~0.1 s at the movielens shape); not
+                // while the right side is read: a self-join's two scans of one file shared the
+                // cores, and the right side's read is what the build waits for.
+                let mut ahead =
+                    RecordBatchReceiverStreamBuilder::new(self.left.schema(), LEFT_READ_AHEAD);
+                let tx = ahead.tx();
+                let mut input = left_stream;
+                ahead.spawn(async move {
+                    // An error or a dropped build ends the wait as well.
+                    let _ = right_read.await;
+                    while let Some(batch) = input.next().await {
+                        if tx.send(batch).await.is_err() {
+                            break;
+                        }
+                    }
+                    Ok(())
+                });
+                ahead.build().boxed()
+            };
+
+        let left_key = match &self.spec.options.exclude_self {
+            ExcludeSelf::Column(c) => Some(key_column(&self.left.schema(), c, "left")?),
+            _ => None,
+        };
+        let reservation = Arc::new(
+            MemoryConsumer::new(format!("{}[probe {partition}]", self.display_name()))
+                .register(context.memory_pool()),
+        );
+        // Dropping the output stream (LIMIT satisfied, Ctrl-C, a failed sibling) stops the
+        // probes it started.
+        let cancel = Cancel::new();
+        let on_drop = CancelOnDrop(cancel.clone());
+        let probe = ProbeJob {
+            spec: Arc::clone(&self.spec),
+            cancel,
+            reservation,
+            left_key,
+            layout: self.layout.clone(),
+            left_vector: Self::vector_name(&self.left, self.layout.left_vector),
+            schema: Arc::clone(&self.schema),
+            baseline: BaselineMetrics::new(&self.metrics, partition),
+            pairs: MetricBuilder::new(&self.metrics).counter("pairs", partition),
+            kernel_time: MetricBuilder::new(&self.metrics).subset_time("kernel_time", partition),
+            bytes_to_device: MetricBuilder::new(&self.metrics)
+                .counter("bytes_to_device", partition),
+            gpu_kernel_times: Arc::default(),
+            metrics: self.metrics.clone(),
+            partition,
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            Arc::clone(&self.schema),
+            stream::probe_stream(stream::StreamParts {
+                probe,
+                build,
+                left_stream,
+                reuse_right,
+                exclude_self,
+                batch_size: context.session_config().batch_size().max(1),
+                left_schema: self.left.schema(),
+                on_drop,
+            }),
+        )))
+    }
+}
+
+/// `exclude_self=COLUMN`'s column in an input (checked at planning; a plan built another way
+/// still gets an error, not a panic).
+fn key_column(schema: &Schema, column: &str, side: &str) -> Result<usize> {
+    exclusion_column(schema, column).ok_or_else(|| {
+        DataFusionError::Plan(format!(
+            "exclude_self={column}: the {side} input has no column '{column}'"
+        ))
+    })
+}
