@@ -8,7 +8,7 @@
 //!     --radius 0.5 --check 50 --json ours_radius.json
 //! ```
 //! The anchors (scikit-learn, sparse_dot_topn) come from `bench/cpu_anchors.py` on the same file;
-//! `bench/run_cpu_bench.sh` runs both and prints the comparison.
+//! `bench/bench.sh run cpu` runs both and writes the comparison.
 
 use std::fs::File;
 use std::io::Write;

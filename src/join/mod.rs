@@ -5,6 +5,7 @@
 
 mod backend;
 mod cancel;
+mod exact;
 mod exclusion;
 mod merge;
 mod pairs;
@@ -15,6 +16,7 @@ mod topk;
 
 pub use backend::{build_shards, join_shards, Backend, JoinIndex, Probed};
 pub use cancel::{Cancel, CancelOnDrop};
+pub use exact::ExactRows;
 pub use exclusion::KeyGroups;
 pub use merge::{merge_nearest, merge_within};
 pub use pairs::{PairList, RowPairs};

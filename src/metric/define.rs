@@ -157,7 +157,7 @@ pub trait Semiring: Copy + Send + Sync + std::fmt::Debug + 'static {
     /// (up to a pow's last-bit rounding), declared by `finish_increasing: true;`: the distance of
     /// two rows that share no column then grows with their one-sided sums, so a row's nearest
     /// such rows are found among the right rows of smallest one-sided sum
-    /// ([`crate::metric::ExactRows`]) instead of being bounded by the kernels.
+    /// (the join core's `ExactRows`) instead of being bounded by the kernels.
     const FINISH_INCREASING: bool;
 
     /// How much larger than a few ulps of `|acc| + 2(L + R)` the rounding of the folded sum may be,

@@ -11,12 +11,10 @@
 mod catalog;
 pub mod cuda;
 pub mod define;
-mod exact;
 pub mod math;
 
 pub use catalog::*;
 pub use define::{KeyForm, Params, Reduction, RowTotals, Semiring, Source};
-pub use exact::ExactRows;
 
 use std::fmt;
 use std::str::FromStr;

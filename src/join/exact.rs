@@ -12,10 +12,10 @@
 
 use rayon::prelude::*;
 
-use super::{
+use super::Selection;
+use crate::metric::{
     disjoint_distance, one_sided_sum, sorted_nonzeros_into, union_distance, Semiring, Side,
 };
-use crate::join::Selection;
 use crate::vector::SparseBatch;
 
 /// How far a distance computed from a larger sum may fall below one from a smaller sum: the
@@ -207,7 +207,7 @@ fn shares_a_column(a: &[(i32, f32)], b: &[(i32, f32)]) -> bool {
     let (short, long) = if a.len() <= b.len() { (a, b) } else { (b, a) };
     if short.len() * (usize::BITS - long.len().leading_zeros()) as usize >= short.len() + long.len()
     {
-        return super::share_a_column(a, b);
+        return crate::metric::share_a_column(a, b);
     }
     short
         .iter()
