@@ -22,6 +22,8 @@ pub mod vector;
 pub use metric::{Metric, MetricKind};
 pub use vector::{sparse_vector_type, SparseBatch};
 
+use std::sync::Arc;
+
 use datafusion::execution::context::SessionContext;
 use datafusion::prelude::SessionConfig;
 
@@ -37,6 +39,16 @@ pub fn register_all(ctx: &SessionContext) -> datafusion::common::Result<()> {
         let options = state.config_mut().options_mut();
         if options.extensions.get::<SparseKnnConfig>().is_none() {
             options.extensions.insert(SparseKnnConfig::default());
+        }
+        // Built right sides kept for later statements (`sparse_knn.index_cache`).
+        if state
+            .config()
+            .get_extension::<planner::IndexCache>()
+            .is_none()
+        {
+            state
+                .config_mut()
+                .set_extension(Arc::new(planner::IndexCache::new()));
         }
     }
     udf::register(ctx)?;

@@ -94,6 +94,9 @@ sparse_knn_settings! {
         /// tensor cores: auto (chosen by density), off,
         /// or a share of the right rows, e.g. 0.05 (every column nonzero in at least 5% of them).
         pub dense_columns: String = "auto".to_string(),
+        /// Bytes of built right sides kept for later joins of the same data, e.g. '2GiB'; 0
+        /// keeps none (empty: a quarter of the memory pool, 2 GiB when it is unbounded).
+        pub index_cache: String = String::new(),
     }
 }
 
@@ -236,6 +239,7 @@ pub const OPTION_KEYS: &[&str] = &[
     "gpus",
     "dense_columns",
     "right_shards",
+    "index_cache",
 ];
 
 /// Options of one call, after session defaults and the options string are applied.
@@ -255,6 +259,8 @@ pub struct JoinOptions {
     /// Split the right side into this many shards (row i in shard i mod n), joined as separate
     /// tasks and merged; 1: one build of the whole right side.
     pub right_shards: usize,
+    /// Bytes of built right sides the session keeps (`index_cache`); None: the default.
+    pub index_cache: Option<u64>,
 }
 
 impl Default for JoinOptions {
@@ -278,13 +284,14 @@ impl JoinOptions {
             gpus: None,
             dense_columns: DenseColumnChoice::Auto,
             right_shards: 1,
+            index_cache: None,
         };
         for entry in config.entries() {
             let key = entry.key.strip_prefix("sparse_knn.").unwrap_or(&entry.key);
             let Some(value) = entry.value else { continue };
             // The settings' "not set" values.
             if (key == "dim" && value == "0")
-                || (matches!(key, "gpu_memory_limit" | "gpus") && value.is_empty())
+                || (matches!(key, "gpu_memory_limit" | "gpus" | "index_cache") && value.is_empty())
             {
                 continue;
             }
@@ -369,6 +376,12 @@ impl JoinOptions {
                     Some(parse_bytes("gpu_memory_limit", value).map_err(|e| message(&e))?)
             }
             "gpus" => self.gpus = Some(parse_gpus(value)?),
+            "index_cache" => {
+                self.index_cache = Some(match value.trim() {
+                    "0" => 0,
+                    size => parse_bytes("index_cache", size).map_err(|e| message(&e))?,
+                })
+            }
             "dense_columns" => self.dense_columns = DenseColumnChoice::parse(value)?,
             "right_shards" => match value.parse::<usize>() {
                 Ok(n) if (1..=4096).contains(&n) => self.right_shards = n,
@@ -552,7 +565,8 @@ mod tests {
                 "sparse_knn.exclude_self",
                 "sparse_knn.gpu_memory_limit",
                 "sparse_knn.gpus",
-                "sparse_knn.dense_columns"
+                "sparse_knn.dense_columns",
+                "sparse_knn.index_cache"
             ]
         );
         ExtensionOptions::set(&mut config, "device", "cpu").unwrap();

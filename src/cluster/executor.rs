@@ -19,7 +19,7 @@ use datafusion::common::{DataFusionError, Result};
 use tokio::sync::watch;
 
 use super::codec::{SparseKnnLogicalCodec, SparseKnnPhysicalCodec};
-use super::session::{function_registry, session_config, MAX_MESSAGE_BYTES};
+use super::session::{executor_session_config, function_registry, MAX_MESSAGE_BYTES};
 
 /// How often an executor tries its scheduler again while it waits for it.
 pub const RETRY_INTERVAL: Duration = Duration::from_millis(500);
@@ -77,7 +77,7 @@ pub fn executor_config(options: &ExecutorOptions) -> ExecutorProcessConfig {
         print_thread_info: false,
         grpc_max_decoding_message_size: MAX_MESSAGE_BYTES as u32,
         grpc_max_encoding_message_size: MAX_MESSAGE_BYTES as u32,
-        override_config_producer: Some(Arc::new(session_config)),
+        override_config_producer: Some(Arc::new(executor_session_config)),
         override_logical_codec: Some(Arc::new(SparseKnnLogicalCodec::default())),
         override_physical_codec: Some(Arc::new(SparseKnnPhysicalCodec::default())),
         override_function_registry: Some(Arc::new(function_registry())),

@@ -20,7 +20,7 @@ pub mod watch;
 
 pub use codec::{SparseKnnLogicalCodec, SparseKnnPhysicalCodec};
 pub use session::{
-    function_registry, remote_context, remote_context_with, server_state, session_config,
-    standalone_context, upgrade_for_cluster,
+    executor_index_cache, executor_session_config, function_registry, remote_context,
+    remote_context_with, server_state, session_config, standalone_context, upgrade_for_cluster,
 };
 pub use watch::DEFAULT_CLUSTER_TIMEOUT;

@@ -58,6 +58,19 @@ pub fn session_config() -> SessionConfig {
     upgrade_for_cluster(SessionConfig::new_with_ballista())
 }
 
+/// The config of an executor's sessions: [`session_config`]'s, with one index cache for the
+/// whole process, so that the executor's tasks and queries share the right sides they build
+/// (a right side is built at most once per executor while it stays in the cache).
+pub fn executor_session_config() -> SessionConfig {
+    session_config().with_extension(executor_index_cache())
+}
+
+/// The index cache an executor process shares among its tasks.
+pub fn executor_index_cache() -> Arc<crate::planner::IndexCache> {
+    static CACHE: std::sync::OnceLock<Arc<crate::planner::IndexCache>> = std::sync::OnceLock::new();
+    Arc::clone(CACHE.get_or_init(Default::default))
+}
+
 /// The scheduler's session for one job's `config` (Ballista's "session builder"): DataFusion's
 /// defaults, Ballista's optimizer rules, and everything `register_all` adds.
 pub fn server_state(config: SessionConfig) -> Result<SessionState> {
@@ -212,7 +225,7 @@ pub async fn standalone_context(concurrency: usize) -> Result<SessionContext> {
     ballista_executor::new_standalone_executor_from_builder(
         scheduler,
         concurrency.max(1),
-        config_producer,
+        Arc::new(executor_session_config),
         runtime_producer,
         codec(),
         function_registry(),

@@ -35,7 +35,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
-pub use exec::{poll_inputs_in_place, SparseJoinExec};
+pub use exec::{poll_inputs_in_place, IndexCache, SparseJoinExec};
 pub use gather::{gather, gathered, in_file_order, GatherExec};
 pub use logical::SparseJoinNode;
 pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};

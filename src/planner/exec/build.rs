@@ -19,6 +19,8 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::future::{BoxFuture, FutureExt};
 use futures::StreamExt;
 
+use super::cache::{task_cache, Lookup};
+use super::identity::identify;
 use super::{inputs_on_own_tasks, key_column};
 use crate::cpu::CpuBackend;
 use crate::gpu::{GpuBackend, GpuOptions};
@@ -38,6 +40,9 @@ pub(super) struct BuildSide {
     pub(super) key_groups: Option<KeyGroups>,
     /// The right input's other columns, all rows in order.
     pub(super) others: RecordBatch,
+    /// Host bytes held (reserved in the pool) and bytes copied to devices: what a cached side
+    /// counts against the cache's bound.
+    pub(super) bytes: usize,
     pub(super) _reservation: Arc<MemoryReservation>,
 }
 
@@ -79,6 +84,9 @@ pub(super) struct BuildMetrics {
     pub(super) bytes_to_device: Count,
     /// Row ranges indexed separately: more than one past 2^31 entries or over several GPUs.
     pub(super) shards: Count,
+    /// 1 when this operator built its right side, and when it took one from the index cache.
+    pub(super) built: Count,
+    pub(super) reused: Count,
 }
 
 impl BuildMetrics {
@@ -90,6 +98,8 @@ impl BuildMetrics {
             memory: MetricBuilder::new(metrics).global_gauge("build_mem_used"),
             bytes_to_device: MetricBuilder::new(metrics).global_counter("build_bytes_to_device"),
             shards: MetricBuilder::new(metrics).global_counter("build_shards"),
+            built: MetricBuilder::new(metrics).global_counter("index_built"),
+            reused: MetricBuilder::new(metrics).global_counter("index_reused"),
         }
     }
 }
@@ -109,7 +119,76 @@ pub(super) struct BuildJob {
 }
 
 impl BuildJob {
-    pub(super) async fn run(mut self) -> Result<BuildSide> {
+    /// The right side from the index cache when it holds one of the same identity, else built
+    /// (and kept there when the session has a cache).
+    pub(super) async fn run(mut self) -> Result<Arc<BuildSide>> {
+        let cache = task_cache(&self.context, self.spec.options.index_cache);
+        let identity = match &cache {
+            Some(_) => identify(&self.right, &self.context, self.index_shape()).await?,
+            None => None,
+        };
+        let (Some((cache, capacity)), Some(identity)) = (cache, identity) else {
+            self.metrics.built.add(1);
+            return self.build().await.map(Arc::new);
+        };
+        loop {
+            let claim = match cache.lookup(&identity.key) {
+                Lookup::Hit(side) => return Ok(self.reused(side)),
+                Lookup::Wait(in_flight) => {
+                    if let Ok(Some(side)) = in_flight.await {
+                        cache.count_hit();
+                        return Ok(self.reused(side));
+                    }
+                    // That build failed or was dropped: look again (and maybe build).
+                    continue;
+                }
+                Lookup::Build(claim) => claim,
+            };
+            self.metrics.built.add(1);
+            let side = Arc::new(self.build().await?);
+            claim.finish(&side, identity.pinned, capacity);
+            return Ok(side);
+        }
+    }
+
+    /// A side taken from the cache: counted, and the left read-ahead let go.
+    fn reused(&mut self, side: Arc<BuildSide>) -> Arc<BuildSide> {
+        log::debug!(
+            "{}: the right side's index reused from the cache",
+            self.name
+        );
+        self.metrics.reused.add(1);
+        self.metrics.rows.add(side.rows);
+        if let Some(read) = self.right_read.take() {
+            let _ = read.send(());
+        }
+        side
+    }
+
+    /// What shapes the index besides the right side's rows: two builds with the same shape over
+    /// the same data are the same, bit for bit.
+    fn index_shape(&self) -> String {
+        let options = &self.spec.options;
+        let key_column = match &options.exclude_self {
+            ExcludeSelf::Column(c) => Some(c.as_str()),
+            _ => None,
+        };
+        format!(
+            "metric={:?} device={} gpus={:?} gpu_memory_limit={:?} dense_columns={:?} \
+             vector={} others={:?} keep_input={} key_column={key_column:?} max_chunk_nnz={}",
+            self.spec.metric,
+            self.device,
+            options.gpus,
+            options.gpu_memory_limit,
+            options.dense_columns,
+            self.layout.right_vector,
+            self.layout.right_others,
+            self.keep_input,
+            max_chunk_nnz(),
+        )
+    }
+
+    async fn build(&mut self) -> Result<BuildSide> {
         let reservation = Arc::new(
             MemoryConsumer::new(format!("{}[build side]", self.name))
                 .register(self.context.memory_pool()),
@@ -217,15 +296,14 @@ impl BuildJob {
         }
 
         let started = Instant::now();
-        let Self {
-            spec,
-            device,
-            layout,
-            metrics,
-            name,
-            keep_input,
-            ..
-        } = self;
+        let (spec, device, layout, name, keep_input) = (
+            Arc::clone(&self.spec),
+            self.device,
+            self.layout.clone(),
+            self.name,
+            self.keep_input,
+        );
+        let metrics = &self.metrics;
         let right_key = match &spec.options.exclude_self {
             ExcludeSelf::Column(c) => Some(key_column(&right_schema, c, "right")?),
             _ => None,
@@ -319,6 +397,7 @@ impl BuildJob {
             input,
             key_groups,
             others,
+            bytes: retained + bytes as usize,
             _reservation: reservation,
         })
     }

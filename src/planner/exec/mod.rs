@@ -43,11 +43,14 @@ use crate::join::{Cancel, CancelOnDrop};
 use crate::options::{DeviceChoice, ExcludeSelf};
 
 mod build;
+mod cache;
+mod identity;
 mod output;
 mod probe;
 mod stream;
 
 use build::{BuildJob, BuildMetrics, BuildSide};
+pub use cache::IndexCache;
 use probe::ProbeJob;
 
 /// Pairs one probe may produce at most: a left batch is probed in slices of rows whose pairs
@@ -227,7 +230,7 @@ impl SparseJoinExec {
             context: Arc::clone(context),
             metrics: BuildMetrics::new(&self.metrics),
         };
-        let build = async move { job.run().await.map(Arc::new).map_err(Arc::new) }
+        let build = async move { job.run().await.map_err(Arc::new) }
             .boxed()
             .shared();
         let built = (build, right_read.shared());

@@ -1,0 +1,258 @@
+//! The index cache: built right sides kept after their statement, for later joins whose right
+//! side has the same identity (`identity.rs`). One cache per session (a session-config
+//! extension that [`crate::register_all`] installs), or one per process for a cluster executor,
+//! whose tasks and queries then share it.
+//!
+//! What a cached side holds stays counted where it was reserved: its host memory in the memory
+//! pool of the session that built it, its device memory on its GPUs (a later build reads the
+//! device's free memory for its budget, which leaves out what cached indexes hold). The cache
+//! is bounded by `sparse_knn.index_cache` (a quarter of the memory pool by default, 2 GiB
+//! when the pool is unbounded; 0 turns it off), and evicts the least recently used side first.
+//! A side in use by a running statement lives until that statement ends, evicted or not.
+//!
+//! Statements that ask for a side while another builds it wait for that build instead of
+//! building their own (the tasks of one query on a cluster executor start together): a right
+//! side is built once per cache.
+
+use std::sync::{Arc, Mutex};
+
+use arrow::array::RecordBatch;
+use datafusion::execution::memory_pool::MemoryLimit;
+use datafusion::execution::TaskContext;
+use futures::channel::oneshot;
+use futures::future::{FutureExt, Shared};
+
+use super::build::BuildSide;
+use super::identity::IndexKey;
+
+/// The default bound when the memory pool is unbounded.
+const UNBOUNDED_POOL_DEFAULT: usize = 2 << 30;
+
+/// Built right sides kept across statements (see the module's documentation).
+#[derive(Default)]
+pub struct IndexCache {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for IndexCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("IndexCache")
+            .field("entries", &state.entries.len())
+            .field("bytes", &state.bytes())
+            .finish()
+    }
+}
+
+/// Resolves when a build in flight is over: with its side, or None when it failed or was
+/// dropped (the waiter then builds its own).
+type InFlight = Shared<oneshot::Receiver<Option<Arc<BuildSide>>>>;
+
+#[derive(Default)]
+struct State {
+    entries: Vec<Entry>,
+    clock: u64,
+    building: Vec<(IndexKey, InFlight)>,
+    hits: u64,
+    builds: u64,
+}
+
+/// What a lookup found.
+pub(super) enum Lookup {
+    Hit(Arc<BuildSide>),
+    /// Another statement builds this side: wait for it.
+    Wait(InFlight),
+    /// Build it, then [`Claim::finish`].
+    Build(Claim),
+}
+
+/// The right to build a side that others may wait for; dropped unfinished, it lets them build.
+pub(super) struct Claim {
+    cache: Arc<IndexCache>,
+    key: IndexKey,
+    done: Option<oneshot::Sender<Option<Arc<BuildSide>>>>,
+}
+
+impl Claim {
+    /// Keeps `side` (within `capacity`) and hands it to those waiting.
+    pub(super) fn finish(
+        mut self,
+        side: &Arc<BuildSide>,
+        pinned: Vec<RecordBatch>,
+        capacity: usize,
+    ) {
+        self.cache.insert(
+            self.key.clone(),
+            Arc::clone(side),
+            side.bytes,
+            pinned,
+            capacity,
+        );
+        if let Some(done) = self.done.take() {
+            let _ = done.send(Some(Arc::clone(side)));
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        let mut state = self.cache.lock();
+        state.building.retain(|(k, _)| k != &self.key);
+        if let Some(done) = self.done.take() {
+            let _ = done.send(None);
+        }
+    }
+}
+
+impl State {
+    fn bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.bytes).sum()
+    }
+
+    /// Evicts the least recently used sides until the rest take at most `limit` bytes.
+    fn evict_to(&mut self, limit: usize) {
+        while self.bytes() > limit {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
+            else {
+                return;
+            };
+            let evicted = self.entries.swap_remove(oldest);
+            log::debug!(
+                "index cache: evicted a right side of {} bytes",
+                evicted.bytes
+            );
+        }
+    }
+}
+
+struct Entry {
+    key: IndexKey,
+    side: Arc<BuildSide>,
+    /// Host and device bytes the side holds.
+    bytes: usize,
+    last_used: u64,
+    /// The in-memory batches the key names by address.
+    _pinned: Vec<RecordBatch>,
+}
+
+impl IndexCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Right sides held now.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Host and device bytes the held sides take.
+    pub fn bytes(&self) -> usize {
+        self.lock().bytes()
+    }
+
+    /// Drops every held side (those in use live until their statements end).
+    pub fn clear(&self) {
+        self.lock().entries.clear();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Right sides taken from the cache (or from a build another statement ran while this one
+    /// waited), and right sides built for it, since the cache was made.
+    pub fn hits(&self) -> u64 {
+        self.lock().hits
+    }
+
+    pub fn builds(&self) -> u64 {
+        self.lock().builds
+    }
+
+    /// The side under `key`, a build of it to wait for, or the claim to build it.
+    pub(super) fn lookup(self: &Arc<Self>, key: &IndexKey) -> Lookup {
+        let mut state = self.lock();
+        state.clock += 1;
+        let now = state.clock;
+        if let Some(entry) = state.entries.iter_mut().find(|e| &e.key == key) {
+            entry.last_used = now;
+            let side = Arc::clone(&entry.side);
+            state.hits += 1;
+            return Lookup::Hit(side);
+        }
+        if let Some((_, in_flight)) = state.building.iter().find(|(k, _)| k == key) {
+            return Lookup::Wait(in_flight.clone());
+        }
+        let (done, in_flight) = oneshot::channel();
+        state.building.push((key.clone(), in_flight.shared()));
+        state.builds += 1;
+        Lookup::Build(Claim {
+            cache: Arc::clone(self),
+            key: key.clone(),
+            done: Some(done),
+        })
+    }
+
+    /// Counts a side taken from a build that this statement waited for.
+    pub(super) fn count_hit(&self) {
+        self.lock().hits += 1;
+    }
+
+    /// Keeps `side` under `key` within `capacity` bytes, evicting the least recently used; a
+    /// side larger than the whole capacity is not kept.
+    fn insert(
+        &self,
+        key: IndexKey,
+        side: Arc<BuildSide>,
+        bytes: usize,
+        pinned: Vec<RecordBatch>,
+        capacity: usize,
+    ) {
+        let mut state = self.lock();
+        state.entries.retain(|e| e.key != key);
+        if bytes > capacity {
+            return;
+        }
+        state.evict_to(capacity - bytes);
+        state.clock += 1;
+        let last_used = state.clock;
+        state.entries.push(Entry {
+            key,
+            side,
+            bytes,
+            last_used,
+            _pinned: pinned,
+        });
+    }
+
+    /// Evicts until the held sides fit `capacity` (after the setting shrank).
+    pub(super) fn shrink_to(&self, capacity: usize) {
+        self.lock().evict_to(capacity);
+    }
+}
+
+/// The cache a task's joins use and its bound in bytes (`setting`: the join's `index_cache`,
+/// None for the default); None when the session has no cache or the bound is 0.
+pub(super) fn task_cache(
+    context: &TaskContext,
+    setting: Option<u64>,
+) -> Option<(Arc<IndexCache>, usize)> {
+    let cache = context.session_config().get_extension::<IndexCache>()?;
+    let capacity = match setting {
+        Some(bytes) => usize::try_from(bytes).unwrap_or(usize::MAX),
+        None => match context.memory_pool().memory_limit() {
+            MemoryLimit::Finite(pool) => pool / 4,
+            MemoryLimit::Infinite | MemoryLimit::Unknown => UNBOUNDED_POOL_DEFAULT,
+        },
+    };
+    if capacity == 0 {
+        cache.clear();
+        return None;
+    }
+    cache.shrink_to(capacity);
+    Some((cache, capacity))
+}
