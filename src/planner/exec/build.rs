@@ -134,6 +134,12 @@ impl BuildJob {
         loop {
             let claim = match cache.lookup(&identity.key) {
                 Lookup::Hit(side) => return Ok(self.reused(side)),
+                // Polled in place (datafusion-python), the build in flight may be driven only by a
+                // stream that is not polled while this one waits: build here instead.
+                Lookup::Wait(_) if !inputs_on_own_tasks() => {
+                    self.metrics.built.add(1);
+                    return self.build().await.map(Arc::new);
+                }
                 Lookup::Wait(in_flight) => {
                     if let Ok(Some(side)) = in_flight.await {
                         cache.count_hit();

@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{Schema, SchemaRef};
+use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{internal_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
@@ -230,9 +231,22 @@ impl SparseJoinExec {
             context: Arc::clone(context),
             metrics: BuildMetrics::new(&self.metrics),
         };
-        let build = async move { job.run().await.map_err(Arc::new) }
-            .boxed()
-            .shared();
+        // On a task of its own where the host allows it: a build that other statements wait for
+        // (the index cache's one build in flight) must go on whichever stream is polled.
+        let build = async move {
+            if inputs_on_own_tasks() {
+                SpawnedTask::spawn(job.run())
+                    .join()
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))
+                    .and_then(|built| built)
+                    .map_err(Arc::new)
+            } else {
+                job.run().await.map_err(Arc::new)
+            }
+        }
+        .boxed()
+        .shared();
         let built = (build, right_read.shared());
         *slot = Some(built.clone());
         built
