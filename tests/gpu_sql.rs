@@ -7,10 +7,13 @@
 //!
 //! Needs a CUDA GPU: `cargo test --release --test gpu_sql -- --ignored --test-threads=1`.
 
+mod common;
+
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use common::pairs;
 use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::SparseBatch;
 use rand::rngs::StdRng;
@@ -56,22 +59,6 @@ fn context(rows: &[Vec<(i32, f32)>]) -> SessionContext {
 
 async fn query(ctx: &SessionContext, sql: &str) -> datafusion::error::Result<Vec<RecordBatch>> {
     ctx.sql(sql).await?.collect().await
-}
-
-/// (query_id, neighbor_id, distance, rank) of a join's output, in output order.
-fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
-    let mut out = Vec::new();
-    for b in batches {
-        let col = |name: &str| b.column_by_name(name).unwrap();
-        let q = col("query_id").as_primitive::<Int64Type>();
-        let n = col("neighbor_id").as_primitive::<Int64Type>();
-        let d = col("distance").as_primitive::<Float64Type>();
-        let r = col("rank").as_primitive::<Int32Type>();
-        for i in 0..b.num_rows() {
-            out.push((q.value(i), n.value(i), d.value(i), r.value(i)));
-        }
-    }
-    out
 }
 
 /// A right side with no rows on the GPU: no pairs, no error (the shards of an empty side are one

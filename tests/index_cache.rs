@@ -11,9 +11,17 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
+use arrow::array::{ArrayRef, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Schema};
 use common::{random_rows, rng, GenOptions, Row};
+
+/// (query id, neighbor id, distance bits, rank) in output order: reuse must give the same bits.
+fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
+    common::pairs(batches)
+        .into_iter()
+        .map(|(q, n, d, r)| (q, n, d.to_bits(), r))
+        .collect()
+}
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_sparse_knn::metric::MetricKind;
 use datafusion_sparse_knn::planner::IndexCache;
@@ -87,33 +95,6 @@ async fn collect(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
         .collect()
         .await
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
-/// (query id, neighbour id, distance bits, rank) in output order.
-fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
-    let mut out = Vec::new();
-    for b in batches {
-        let q = b
-            .column_by_name("query_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        let n = b
-            .column_by_name("neighbor_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        let d = b
-            .column_by_name("distance")
-            .unwrap()
-            .as_primitive::<Float64Type>();
-        let r = b
-            .column_by_name("rank")
-            .unwrap()
-            .as_primitive::<Int32Type>();
-        for i in 0..b.num_rows() {
-            out.push((q.value(i), n.value(i), d.value(i).to_bits(), r.value(i)));
-        }
-    }
-    out
 }
 
 /// The join's `index_built` and `index_reused` counters from EXPLAIN ANALYZE of `sql`.

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch, StringArray};
-use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use datafusion::datasource::MemTable;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
@@ -15,6 +15,10 @@ use datafusion_sparse_knn::options::SparseKnnConfig;
 use datafusion_sparse_knn::{planner, SparseBatch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+
+mod common;
+
+use common::pairs;
 
 const DIM: i32 = 40;
 
@@ -111,37 +115,6 @@ async fn error(ctx: &SessionContext, sql: &str) -> String {
             Ok(_) => panic!("{sql}: expected an error"),
         },
     }
-}
-
-/// `(query id, neighbor id, distance, rank)` rows of a result whose columns are named so.
-fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
-    let mut out = Vec::new();
-    for b in batches {
-        let q = b
-            .column_by_name("query_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        let n = b
-            .column_by_name("neighbor_id")
-            .unwrap()
-            .as_primitive::<Int64Type>();
-        let d = b
-            .column_by_name("distance")
-            .unwrap()
-            .as_primitive::<Float64Type>();
-        let r = b
-            .column_by_name("rank")
-            .map(|r| r.as_primitive::<Int32Type>().clone());
-        for i in 0..b.num_rows() {
-            out.push((
-                q.value(i),
-                n.value(i),
-                d.value(i),
-                r.as_ref().map_or(0, |r| r.value(i)),
-            ));
-        }
-    }
-    out
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{Float64Type, Int32Type, Int64Type};
 use datafusion_sparse_knn::metric::MetricKind;
 use datafusion_sparse_knn::vector::VectorCheck;
 use datafusion_sparse_knn::SparseBatch;
@@ -400,4 +402,24 @@ pub fn show(row: &[(i32, f32)]) -> String {
         s.push(format!("... ({} entries)", row.len()));
     }
     format!("[{}]", s.join(" "))
+}
+
+/// `(query id, neighbor id, distance, rank)` rows of a join's output whose columns are named
+/// so, in output order (rank 0 where there is none: a radius join).
+pub fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
+    let mut out = Vec::new();
+    for b in batches {
+        let col = |name: &str| b.column_by_name(name).unwrap();
+        let q = col("query_id").as_primitive::<Int64Type>();
+        let n = col("neighbor_id").as_primitive::<Int64Type>();
+        let d = col("distance").as_primitive::<Float64Type>();
+        let r = b
+            .column_by_name("rank")
+            .map(|r| r.as_primitive::<Int32Type>().clone());
+        for i in 0..b.num_rows() {
+            let rank = r.as_ref().map_or(0, |r| r.value(i));
+            out.push((q.value(i), n.value(i), d.value(i), rank));
+        }
+    }
+    out
 }
