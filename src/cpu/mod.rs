@@ -5,6 +5,7 @@ mod certified;
 mod chebyshev;
 mod folded;
 mod index;
+mod persist;
 mod probe;
 mod ranges;
 mod vectors;
