@@ -14,7 +14,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
 
-use super::kernels::{self, MetricProgram};
+use super::kernels::{self, MetricProgram, Origin};
 
 /// Turns a driver error into a DataFusion error that says what was being done.
 pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionError + '_ {
@@ -487,7 +487,9 @@ impl Device {
         self.stream.synchronize()
     }
 
-    /// The module of `program`, compiled with NVRTC for this device's architecture on first use.
+    /// The module of `program` for this device's architecture, loaded on first use: from the
+    /// kernel cache on disk, or compiled with NVRTC. A cached module the driver refuses is
+    /// compiled again, replaced in the cache, and loaded.
     fn module(&self, key: u64, program: &MetricProgram) -> Result<Arc<CudaModule>> {
         let mut modules = self
             .modules
@@ -496,21 +498,37 @@ impl Device {
         modules
             .entry(key)
             .or_insert_with(|| {
-                let ptx = compiled(key, program, &self.arch)?;
+                let load = |ptx: Ptx| {
+                    guarded("loading the kernels", || {
+                        self.ctx
+                            .load_module(ptx)
+                            .map_err(cuda_err("loading the compiled kernels"))
+                    })
+                };
+                let (ptx, origin) = compiled(key, program, &self.arch)?;
                 let started = std::time::Instant::now();
-                let module = guarded("loading the kernels", || {
-                    self.ctx
-                        .load_module(ptx)
-                        .map_err(cuda_err("loading the compiled kernels"))
-                })
-                .map_err(|e| e.to_string());
+                let module = match load(ptx) {
+                    Err(e) if origin == Origin::Cache => {
+                        kernels::cache::count_refused();
+                        log::warn!(
+                            "GPU {}: the cached {} kernels do not load ({e}); compiling them \
+                             again",
+                            self.ordinal,
+                            program.name
+                        );
+                        let (cubin, _) =
+                            cubin_for(program, &self.arch, true).map_err(|e| e.to_string())?;
+                        load(Ptx::from_binary(cubin))
+                    }
+                    loaded => loaded,
+                };
                 log::debug!(
-                    "GPU {}: {} module loaded in {:?}",
+                    "GPU {}: {} module ({origin:?}) loaded in {:?}",
                     self.ordinal,
                     program.name,
                     started.elapsed()
                 );
-                module
+                module.map_err(|e| e.to_string())
             })
             .clone()
             .map_err(|e| exec_datafusion_err!("{e}"))
@@ -569,7 +587,7 @@ impl Device {
 /// Compiles `program` for GPU `ordinal`'s architecture without its context: NVRTC needs only
 /// the compute capability, which the driver answers right after `cuInit`, so the compile runs
 /// beside the context's creation (0.1-0.2 s on the H100s and H200s measured) instead of after it.
-/// The device's [`Device::load`] then finds the PTX done, or waits for it.
+/// The device's [`Device::load`] then finds the module done, or waits for it.
 pub(crate) fn compile_ahead(ordinal: usize, program: &MetricProgram) -> Result<()> {
     let arch = guarded("reading the compute capability", || {
         let dev = cudarc::driver::result::device::get(ordinal as i32)
@@ -601,11 +619,16 @@ fn source_key(program: &MetricProgram) -> u64 {
     h.finish()
 }
 
-/// `program` compiled for `arch`, once per process: GPUs of one architecture share the PTX (each
-/// loads it into its own context), and a second GPU waits for the first one's compile instead of
+/// `program`'s machine code for `arch` (`compute_XY`: compiled for `sm_XY`), once per process,
+/// from the kernel cache or NVRTC ([`kernels::cached_cubin`]): GPUs of one architecture share it
+/// (each loads it into its own context), and a second GPU waits for the first one's instead of
 /// running NVRTC again.
-fn compiled(key: u64, program: &MetricProgram, arch: &str) -> std::result::Result<Ptx, String> {
-    type Slot = Arc<OnceLock<std::result::Result<Ptx, String>>>;
+fn compiled(
+    key: u64,
+    program: &MetricProgram,
+    arch: &str,
+) -> std::result::Result<(Ptx, Origin), String> {
+    type Slot = Arc<OnceLock<std::result::Result<(Ptx, Origin), String>>>;
     static PTX: OnceLock<Mutex<HashMap<(u64, String), Slot>>> = OnceLock::new();
     let slot: Slot = PTX
         .get_or_init(Mutex::default)
@@ -615,51 +638,26 @@ fn compiled(key: u64, program: &MetricProgram, arch: &str) -> std::result::Resul
         .or_default()
         .clone();
     slot.get_or_init(|| {
-        let started = std::time::Instant::now();
-        let ptx = kernels::compile(&program.source, program.name, arch).map_err(|e| e.to_string());
-        let took = started.elapsed();
-        log::debug!("NVRTC: {} compiled in {took:?}", program.name);
-        // From the cache NVRTC takes 0.05-0.08 s, without it 0.7-1.0 s (and the driver's
-        // translation as much again): call AV.
-        if took > std::time::Duration::from_millis(400) {
-            warn_once_without_compile_cache(program.name, took);
-        }
-        ptx
+        cubin_for(program, arch, false)
+            .map(|(cubin, origin)| (Ptx::from_binary(cubin), origin))
+            .map_err(|e| e.to_string())
     })
     .clone()
 }
 
-/// Says once per process that the kernels will be compiled again by every process, when the
-/// environment leaves the CUDA compile cache nowhere to keep them.
-fn warn_once_without_compile_cache(metric: &str, took: std::time::Duration) {
-    static SAID: std::sync::Once = std::sync::Once::new();
-    if let Some(problem) = compile_cache_problem(|name| std::env::var(name).ok()) {
-        SAID.call_once(|| {
-            log::warn!(
-                "GPU: compiling the {metric} kernels took {:.1} s and every process will take it \
-                 again: {problem} (docs/sql.md, \"The GPU's first join in a process\")",
-                took.as_secs_f64()
-            )
-        });
-    }
-}
-
-/// Why the CUDA compile cache, which NVRTC and the driver share, cannot keep this process's
-/// kernels for the next one, with what to do about it; None where the environment gives it a
-/// folder (whether that folder can be written is not checked).
-fn compile_cache_problem(var: impl Fn(&str) -> Option<String>) -> Option<String> {
-    let set = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-    if set("CUDA_CACHE_DISABLE").is_some_and(|v| v.trim() == "1") {
-        return Some("CUDA_CACHE_DISABLE=1 turns the CUDA compile cache off; unset it".into());
-    }
-    if set("CUDA_CACHE_PATH").is_none() && set("HOME").is_none() {
-        return Some(
-            "the CUDA compile cache has no folder (no HOME, no CUDA_CACHE_PATH); set \
-             CUDA_CACHE_PATH to a writable folder that outlives the process"
-                .into(),
-        );
-    }
-    None
+/// `program`'s CUBIN for `arch` from the kernel cache of this process's environment, or
+/// compiled (`fresh`: compiled, the cache not read; see [`kernels::cached_cubin`]).
+fn cubin_for(program: &MetricProgram, arch: &str, fresh: bool) -> Result<(Vec<u8>, Origin)> {
+    let sm = arch.replacen("compute_", "sm_", 1);
+    let cache = kernels::cache::KernelCache::from_env();
+    kernels::cached_cubin(
+        &program.source,
+        program.name,
+        &sm,
+        &kernels::toolchain(),
+        cache.as_ref(),
+        fresh,
+    )
 }
 
 /// Makes a kernel fault on GPU `ordinal` (a write to an invalid address), leaving its context
@@ -687,46 +685,4 @@ pub fn fault_for_tests(ordinal: usize) -> Result<()> {
     dev.stream
         .synchronize()
         .map_err(cuda_err("running the fault kernel"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::compile_cache_problem;
-
-    fn env(pairs: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
-        move |name| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.to_string())
-        }
-    }
-
-    /// The warning names the cause the user can act on, and says nothing where the cache has a
-    /// folder.
-    #[test]
-    fn the_compile_cache_problem_names_its_cause() {
-        assert_eq!(compile_cache_problem(env(&[("HOME", "/home/u")])), None);
-        assert_eq!(
-            compile_cache_problem(env(&[("CUDA_CACHE_PATH", "/cache")])),
-            None
-        );
-        let off = compile_cache_problem(env(&[("HOME", "/home/u"), ("CUDA_CACHE_DISABLE", "1")]));
-        assert!(off.is_some_and(|p| p.contains("CUDA_CACHE_DISABLE=1")));
-        assert_eq!(
-            compile_cache_problem(env(&[("HOME", "/home/u"), ("CUDA_CACHE_DISABLE", "0")])),
-            None
-        );
-        for nowhere in [
-            &[][..],
-            &[("HOME", "")][..],
-            &[("CUDA_CACHE_PATH", " ")][..],
-        ] {
-            let problem = compile_cache_problem(env(nowhere));
-            assert!(
-                problem.is_some_and(|p| p.contains("set CUDA_CACHE_PATH")),
-                "{nowhere:?}"
-            );
-        }
-    }
 }

@@ -5,12 +5,17 @@
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
 use datafusion::common::{exec_datafusion_err, Result};
 
-use super::args::{DenseArgs, DenseFillArgs, FoldedArgs, ListArgs};
+// A file beside this one rather than a child folder: `gpu::kernels::cache`, public for its tests.
+#[path = "kernel_cache.rs"]
+pub mod cache;
+
+use super::args::{DenseArgs, DenseFillArgs, ExactArgs, FoldedArgs, ListArgs};
 use crate::metric::cuda::cuda_definition;
 use crate::metric::{KeyForm, Params, Reduction, RowTotals, Semiring};
 
 const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
 const KERNELS: &str = include_str!("../../kernels/knn.cu");
+const EXACT: &str = include_str!("../../kernels/exact.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
 pub(crate) const FOLDED_THREADS: u32 = 512;
@@ -149,7 +154,7 @@ fn certified<S: Semiring>() -> bool {
 pub fn module_source<S: Semiring>() -> String {
     let [(items, segments), (items_2, segments_2)] = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{KERNELS}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}\n{EXACT}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
         certified::<S>() as u8,
@@ -158,6 +163,7 @@ pub fn module_source<S: Semiring>() -> String {
         DenseArgs::cuda_declaration(),
         DenseFillArgs::cuda_declaration(),
         ListArgs::cuda_declaration(),
+        ExactArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }
@@ -262,6 +268,130 @@ pub fn compile(source: &str, name: &str, arch: &str) -> Result<Ptx> {
         }
         other => exec_datafusion_err!("GPU: NVRTC failed: {other}"),
     })
+}
+
+/// NVRTC's options for a module compiled to machine code (a CUBIN) for the real architecture
+/// `sm` (e.g. `sm_90`).
+pub fn cubin_options(sm: &str) -> Vec<String> {
+    vec![
+        format!("--gpu-architecture={sm}"),
+        "--std=c++17".to_string(),
+    ]
+}
+
+/// Compiles a module to machine code for the real architecture `sm` (e.g. "sm_90"), as CuPy and
+/// Triton do: the driver loads it as it is, with no translation of PTX, and it can be kept on
+/// disk ([`cached_cubin`]). NVRTC needs no GPU for it.
+pub fn compile_cubin(source: &str, name: &str, sm: &str) -> Result<Vec<u8>> {
+    use cudarc::nvrtc::{result, sys};
+    if !nvrtc_available() {
+        return Err(exec_datafusion_err!(
+            "GPU: NVRTC (libnvrtc.so) cannot be loaded; install the CUDA runtime compiler \
+             (e.g. pip's nvidia-cuda-nvrtc) and add its lib folder to LD_LIBRARY_PATH"
+        ));
+    }
+    let nvrtc_err = |e: result::NvrtcError| exec_datafusion_err!("GPU: NVRTC failed: {e}");
+    let text = std::ffi::CString::new(source)
+        .map_err(|_| exec_datafusion_err!("GPU: the kernels' source holds a NUL byte"))?;
+    let file = std::ffi::CString::new(format!("sparse_knn_{name}.cu"))
+        .map_err(|_| exec_datafusion_err!("GPU: a module name holds a NUL byte"))?;
+    // NVRTC may keep pointers into `text` and `file` until the program is destroyed, which the
+    // guard does before they are dropped (declared after them, it is dropped first).
+    struct Program(sys::nvrtcProgram);
+    impl Drop for Program {
+        fn drop(&mut self) {
+            // SAFETY: made by `create_program` below and destroyed only here.
+            let _ = unsafe { result::destroy_program(self.0) };
+        }
+    }
+    let program = Program(result::create_program(&text, Some(file.as_c_str())).map_err(nvrtc_err)?);
+    // SAFETY: `program.0` is a live program until the guard drops it, and the buffers passed
+    // to NVRTC are sized by the size it reported.
+    unsafe {
+        if result::compile_program(program.0, &cubin_options(sm)).is_err() {
+            let log = result::get_program_log(program.0).map_err(nvrtc_err)?;
+            let log: Vec<u8> = log
+                .iter()
+                .map(|&c| c as u8)
+                .take_while(|&b| b != 0)
+                .collect();
+            return Err(exec_datafusion_err!(
+                "GPU: NVRTC failed to compile the kernels of metric {name}:\n{}",
+                String::from_utf8_lossy(&log)
+            ));
+        }
+        let mut size = 0usize;
+        sys::nvrtcGetCUBINSize(program.0, &mut size)
+            .result()
+            .map_err(nvrtc_err)?;
+        let mut cubin = vec![0u8; size];
+        sys::nvrtcGetCUBIN(program.0, cubin.as_mut_ptr().cast())
+            .result()
+            .map_err(nvrtc_err)?;
+        Ok(cubin)
+    }
+}
+
+/// The versions of the tools a CUBIN comes from and is loaded by: NVRTC's and the driver's
+/// (part of the kernel cache's key, so that an upgrade of either compiles the kernels again).
+pub fn toolchain() -> String {
+    let mut nvrtc = (0, 0);
+    // SAFETY: checked loadable first; the call only writes the two integers.
+    let nvrtc = (nvrtc_available()
+        && unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut nvrtc.0, &mut nvrtc.1) }
+            .result()
+            .is_ok())
+    .then(|| format!("{}.{}", nvrtc.0, nvrtc.1));
+    let mut driver = 0;
+    // SAFETY: as above; `cuDriverGetVersion` needs no `cuInit`.
+    let driver = (unsafe { cudarc::driver::sys::is_culib_present() }
+        && unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) }
+            .result()
+            .is_ok())
+    .then_some(driver);
+    format!(
+        "nvrtc {}; driver {}",
+        nvrtc.as_deref().unwrap_or("none"),
+        driver.map_or("none".to_string(), |d| d.to_string())
+    )
+}
+
+/// Where a module's machine code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// Read from the kernel cache.
+    Cache,
+    /// Compiled by NVRTC now (and kept in the cache where it has a writable folder).
+    Compiled,
+}
+
+/// Module `name` of `source` as machine code for `sm`: read from `cache` when a whole file is
+/// kept there for this source, options, architecture and `toolchain` ([`cache::Key`]), else
+/// compiled and kept there. `fresh`: do not read the cache (its module did not load) but
+/// replace what it holds.
+pub fn cached_cubin(
+    source: &str,
+    name: &str,
+    sm: &str,
+    toolchain: &str,
+    cache: Option<&cache::KernelCache>,
+    fresh: bool,
+) -> Result<(Vec<u8>, Origin)> {
+    let key = cache::Key::new(source, &cubin_options(sm), sm, toolchain);
+    if let Some(cubin) = cache.filter(|_| !fresh).and_then(|c| c.load(name, &key)) {
+        return Ok((cubin, Origin::Cache));
+    }
+    let started = std::time::Instant::now();
+    let cubin = compile_cubin(source, name, sm)?;
+    let took = started.elapsed();
+    log::debug!("NVRTC: {name} compiled for {sm} in {took:?}");
+    match cache {
+        Some(cache) => {
+            cache.store(name, &key, &cubin);
+        }
+        None => cache::warn_if_nowhere(name, took),
+    }
+    Ok((cubin, Origin::Compiled))
 }
 
 /// Every metric's program (for the NVRTC test and diagnostics).
