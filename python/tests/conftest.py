@@ -12,6 +12,20 @@ import scipy.sparse as sp
 DATA = Path(__file__).parent / "data"
 KOS = DATA / "kos_300.parquet"
 KOS_DIM = 6906
+# The repository's example data (data/README.md): 1,258 FACS-sorted PBMCs, UMI counts per gene.
+PBMC = Path(__file__).parents[2] / "data" / "pbmc_facs_counts.parquet"
+
+
+def csr_of(table, dim: int, column: str = "vec") -> sp.csr_matrix:
+    """A table's sparse vector column as a float64 CSR matrix, built without Python loops."""
+    vec = table.column(column).combine_chunks()
+    indices = vec.field("indices")
+    values = vec.field("values")
+    indptr = indices.offsets.to_numpy().astype(np.int64)
+    return sp.csr_matrix(
+        (values.values.to_numpy().astype(np.float64), indices.values.to_numpy(), indptr),
+        shape=(len(table), dim),
+    )
 
 
 def random_counts(rows: int, dim: int, density: float, seed: int) -> sp.csr_matrix:
@@ -39,12 +53,19 @@ def kos_table():
 
 @pytest.fixture(scope="session")
 def kos(kos_table):
-    """The bundled KOS cut as a CSR matrix (word counts), built without Python loops."""
-    vec = kos_table.column("vec").combine_chunks()
-    indices = vec.field("indices")
-    values = vec.field("values")
-    indptr = indices.offsets.to_numpy().astype(np.int64)
-    return sp.csr_matrix(
-        (values.values.to_numpy().astype(np.float64), indices.values.to_numpy(), indptr),
-        shape=(len(kos_table), KOS_DIM),
-    )
+    """The bundled KOS cut as a CSR matrix (word counts)."""
+    return csr_of(kos_table, KOS_DIM)
+
+
+@pytest.fixture(scope="session")
+def pbmc():
+    """The PBMC cut as a CSR matrix of raw UMI counts (cells x genes)."""
+    table = pq.read_table(PBMC)
+    return csr_of(table, int(table.schema.metadata[b"dim"]))
+
+
+@pytest.fixture(scope="session")
+def news20():
+    """The 20 Newsgroups cut (data/news20_bow.parquet) as a CSR matrix of word counts."""
+    table = pq.read_table(Path(__file__).parents[2] / "data" / "news20_bow.parquet")
+    return csr_of(table, int(table.schema.metadata[b"dim"]))

@@ -8,6 +8,10 @@ Two ways in:
 * ``kneighbors``, ``radius_neighbors``, ``knn_join`` and ``radius_join`` need no DataFusion in
   Python: they take ``scipy.sparse`` matrices, dense 2-D numpy arrays, Arrow data (a pyarrow
   Table or RecordBatch, or any object with ``__arrow_c_stream__``) or Parquet paths.
+* ``NearestNeighbors`` (scikit-learn's estimator over an index that stays built: ``fit`` once,
+  then ``kneighbors``, ``radius_neighbors`` and the graphs), ``KNeighborsTransformer`` (for
+  ``scanpy.pp.neighbors(adata, transformer=...)``), ``precomputed_knn`` (UMAP's) and
+  ``pairwise_distances`` (a dense distance matrix, like scikit-learn's).
 
 Every SQL option (``p``, ``dim``, ``device``, ``exclude_self``, ``left_column``, ``right_column``,
 ``gpu_memory_limit``) is a keyword argument; ``device`` is ``'auto'`` (a CUDA GPU when there is
@@ -16,22 +20,26 @@ one), ``'cpu'`` or ``'gpu'``. Bad input raises ``ValueError`` with the Rust erro
 
 from __future__ import annotations
 
-import numbers
-import os
-import sys
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from . import _internal
+from ._estimator import KNeighborsTransformer, NearestNeighbors, precomputed_knn
+from ._inputs import _check_k, _check_radius, _inputs, _object_array, _options, _source
 from ._internal import Source, __version__
+from ._pairwise import pairwise_distances
 
 __all__ = [
     "__version__",
+    "KNeighborsTransformer",
+    "NearestNeighbors",
     "Source",
     "kneighbors",
     "knn_join",
+    "pairwise_distances",
+    "precomputed_knn",
     "radius_join",
     "radius_neighbors",
     "register",
@@ -39,8 +47,6 @@ __all__ = [
     "table_functions",
 ]
 
-# Metrics that need the dimension; for a matrix it is its number of columns, as in scikit-learn.
-_NEEDS_DIM = {"hamming", "russellrao", "correlation"}
 
 
 def scalar_functions() -> list:
@@ -75,132 +81,6 @@ def register(ctx: Any) -> None:
         ctx.register_udf(ScalarUDF(function.name, function))
     for function in _internal.table_functions():
         ctx.register_udtf(TableFunction(function.name, function, ctx))
-
-
-def _scipy_sparse(obj: Any) -> bool:
-    # Without scipy imported, obj cannot be one of its matrices; never import it for nothing.
-    sparse = sys.modules.get("scipy.sparse")
-    return sparse is not None and sparse.issparse(obj)
-
-
-def _csr_source(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) -> Source:
-    """The canonical vector column (plus ``row``, the row position) over a CSR matrix's arrays:
-    pyarrow wraps the numpy buffers, so nothing is copied in Python."""
-    if indices.dtype != np.int32:
-        # scipy uses int64 when a matrix is large; the join checks the values' range.
-        indices = indices.astype(np.int64, copy=False)
-    if data.dtype not in (np.float32, np.float64):
-        data = data.astype(np.float64)
-    nnz = int(indptr[-1]) if len(indptr) else 0
-    if nnz < 2**31:
-        offsets = pa.array(np.asarray(indptr, dtype=np.int32))
-        list_array = pa.ListArray
-    else:
-        offsets = pa.array(np.asarray(indptr, dtype=np.int64))
-        list_array = pa.LargeListArray
-    vector = pa.StructArray.from_arrays(
-        [
-            list_array.from_arrays(offsets, pa.array(np.ascontiguousarray(indices[:nnz]))),
-            list_array.from_arrays(offsets, pa.array(np.ascontiguousarray(data[:nnz]))),
-        ],
-        names=["indices", "values"],
-    )
-    rows = pa.array(np.arange(len(indptr) - 1, dtype=np.int64))
-    return Source.from_arrow(pa.table({"row": rows, "vector": vector}))
-
-
-def _source(obj: Any, what: str) -> tuple[Source, int | None]:
-    """A join input and, for a matrix, its number of columns."""
-    if isinstance(obj, Source):
-        return obj, None
-    if isinstance(obj, (str, os.PathLike)):
-        return Source.from_parquet(os.fspath(obj)), None
-    if _scipy_sparse(obj):
-        if obj.ndim != 2:
-            msg = f"{what}: expected a 2-D sparse matrix, got {obj.ndim} dimensions"
-            raise ValueError(msg)
-        csr = obj.tocsr()
-        if not csr.has_canonical_format:
-            # Duplicate entries are summed (scipy's meaning); unsorted ones would be fine.
-            csr = csr.copy() if csr is obj else csr
-            csr.sum_duplicates()
-        if csr.nnz and not np.all(csr.data != 0):
-            # Stored zeros are zeros: the set metrics (jaccard, dice, ...) must not count them.
-            csr = csr.copy() if csr is obj else csr
-            csr.eliminate_zeros()
-        return _csr_source(csr.indptr, csr.indices, csr.data), csr.shape[1]
-    if hasattr(obj, "__arrow_c_stream__"):
-        return Source.from_arrow(obj), None
-    if hasattr(obj, "__arrow_c_array__"):
-        # A record batch (or a struct array of columns) that only speaks the array interface.
-        return Source.from_arrow(pa.table(pa.record_batch(obj))), None
-    if isinstance(obj, (np.ndarray, list, tuple)):
-        dense = np.asarray(obj)
-        if dense.ndim != 2:
-            msg = f"{what}: expected a 2-D array, got shape {dense.shape}"
-            raise ValueError(msg)
-        if dense.dtype.kind not in "biuf":
-            msg = f"{what}: expected a numeric array, got dtype {dense.dtype}"
-            raise ValueError(msg)
-        nonzero = dense != 0
-        indptr = np.zeros(dense.shape[0] + 1, dtype=np.int64)
-        np.cumsum(np.count_nonzero(nonzero, axis=1), out=indptr[1:])
-        rows, cols = np.nonzero(nonzero)
-        return _csr_source(indptr, cols, dense[rows, cols]), dense.shape[1]
-    msg = (
-        f"{what}: expected a scipy.sparse matrix, a 2-D numpy array, Arrow data (a pyarrow Table "
-        f"or RecordBatch, or any object with __arrow_c_stream__) or a Parquet path; "
-        f"got {type(obj).__name__}"
-    )
-    raise ValueError(msg)
-
-
-def _option_text(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def _options(metric: Any, options: dict[str, Any], features: int | None) -> str:
-    """The SQL options string for keyword options; ``dim`` from the matrices where needed."""
-    if not isinstance(metric, str):
-        msg = f"metric must be a string, got {type(metric).__name__}"
-        raise ValueError(msg)
-    options = {k: v for k, v in options.items() if v is not None}
-    if features is not None and "dim" not in options and metric.lower() in _NEEDS_DIM:
-        options["dim"] = features
-    return ", ".join(f"{key}={_option_text(key, value)}" for key, value in options.items())
-
-
-def _inputs(
-    X: Any, Y: Any, metric: Any, options: dict[str, Any]
-) -> tuple[Source, Source | None, str]:
-    left, left_features = _source(X, "X")
-    if Y is None or Y is X:
-        right, right_features = None, left_features
-    else:
-        right, right_features = _source(Y, "Y")
-    if left_features is not None and right_features is not None and left_features != right_features:
-        msg = f"X has {left_features} columns but Y has {right_features}; they must be equal"
-        raise ValueError(msg)
-    features = left_features if left_features is not None else right_features
-    return left, right, _options(metric, options, features)
-
-
-def _check_k(k: Any) -> int:
-    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
-        msg = f"k must be an integer >= 1, got {k!r}"
-        raise ValueError(msg)
-    return int(k)
-
-
-def _check_radius(radius: Any) -> float:
-    if isinstance(radius, bool) or not isinstance(radius, numbers.Real):
-        msg = f"radius must be a number, got {radius!r}"
-        raise ValueError(msg)
-    return float(radius)
 
 
 def kneighbors(
@@ -251,14 +131,6 @@ def _table(stream: Any) -> pa.Table:
 def _numpy(table: pa.Table, column: str) -> np.ndarray:
     # Writable, like scikit-learn's results (a zero-copy view of Arrow memory is read-only).
     return table.column(column).combine_chunks().to_numpy(zero_copy_only=False, writable=True)
-
-
-def _object_array(parts: list[np.ndarray]) -> np.ndarray:
-    # Assigning a list of equal-length arrays at once would make numpy build a 2-D array.
-    out = np.empty(len(parts), dtype=object)
-    for i, part in enumerate(parts):
-        out[i] = part
-    return out
 
 
 def radius_neighbors(

@@ -1,0 +1,393 @@
+"""scikit-learn's ``NearestNeighbors`` and ``KNeighborsTransformer`` over an index that stays
+built: ``fit`` builds the right side once (on the CPU or, with ``device='gpu'``, on the GPU,
+where it stays), and every later call probes it directly, without a DataFusion plan.
+
+scikit-learn is not needed: when it is importable the estimators subclass its ``BaseEstimator``
+(and ``TransformerMixin``), so ``clone``, pipelines and its HTML repr work; otherwise they bring
+their own ``get_params`` / ``set_params`` with the same behaviour.
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+
+from ._inputs import _NEEDS_DIM, _check_radius, _object_array, _option_text, _rows
+from ._internal import FittedIndex
+
+try:  # scikit-learn is optional
+    from sklearn.base import BaseEstimator as _Base
+    from sklearn.base import TransformerMixin as _TransformerBase
+    from sklearn.exceptions import NotFittedError
+except ImportError:  # pragma: no cover - depends on the environment
+
+    class NotFittedError(ValueError, AttributeError):
+        """Raised when an estimator is used before ``fit`` (scikit-learn's, when it is there)."""
+
+    class _Base:
+        """``get_params`` / ``set_params`` as scikit-learn's ``BaseEstimator`` has them: the
+        parameters are the ``__init__`` arguments, stored under their own names."""
+
+        @classmethod
+        def _get_param_names(cls) -> list[str]:
+            signature = inspect.signature(cls.__init__)
+            return sorted(
+                p.name
+                for p in signature.parameters.values()
+                if p.name != "self" and p.kind != p.VAR_KEYWORD
+            )
+
+        def get_params(self, deep: bool = True) -> dict[str, Any]:
+            return {name: getattr(self, name) for name in self._get_param_names()}
+
+        def set_params(self, **params: Any):
+            valid = self._get_param_names()
+            for key, value in params.items():
+                if key not in valid:
+                    msg = (
+                        f"Invalid parameter {key!r} for estimator {type(self).__name__}. "
+                        f"Valid parameters are: {valid!r}."
+                    )
+                    raise ValueError(msg)
+                setattr(self, key, value)
+            return self
+
+        def __repr__(self) -> str:
+            params = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+            return f"{type(self).__name__}({params})"
+
+    class _TransformerBase:
+        def fit_transform(self, X, y=None, **fit_params):
+            return self.fit(X, y, **fit_params).transform(X)
+
+
+__all__ = ["KNeighborsTransformer", "NearestNeighbors", "NotFittedError", "precomputed_knn"]
+
+# The SQL options an estimator takes as parameters (exclude_self is its own business: X=None).
+_OPTION_PARAMS = (
+    "p",
+    "dim",
+    "device",
+    "gpu_memory_limit",
+    "gpus",
+    "dense_columns",
+    "left_column",
+    "right_column",
+)
+
+
+def _check_n_neighbors(n: Any, what: str = "n_neighbors") -> int:
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        msg = f"{what} must be an integer >= 1, got {n!r}"
+        raise ValueError(msg)
+    return int(n)
+
+
+def _frombuffer(buffer: bytearray, dtype, shape=None) -> np.ndarray:
+    """A writable numpy view of a bytearray the Rust side filled (no copy)."""
+    out = np.frombuffer(buffer, dtype=dtype)
+    return out if shape is None else out.reshape(shape)
+
+
+class NearestNeighbors(_Base):
+    """Exact nearest neighbours over sparse vectors, shaped like scikit-learn's
+    ``NearestNeighbors(algorithm='brute')``, over an index that stays built.
+
+    Args:
+        n_neighbors: neighbours ``kneighbors`` returns by default.
+        radius: the default radius of ``radius_neighbors``.
+        metric: any metric of the SQL functions (``cosine``, ``euclidean``, ``manhattan``,
+            ``minkowski`` with ``p=``, ``jaccard``, ``jensenshannon``, ``dot``, ...).
+        p, dim, device, gpu_memory_limit, gpus, dense_columns, left_column, right_column: the
+            SQL options (``device='auto'|'cpu'|'gpu'``; ``'gpu'`` keeps the index on the GPU).
+            For a matrix, ``dim`` defaults to its number of columns where the metric needs it.
+
+    ``fit(Y)`` takes a ``scipy.sparse`` matrix, a dense 2-D array, Arrow data or a Parquet path;
+    queries the same kinds. Ties go to the earlier fitted row. For ``dot`` (a similarity),
+    "nearest" is largest first.
+    """
+
+    def __init__(
+        self,
+        n_neighbors: int = 5,
+        radius: float = 1.0,
+        metric: str = "cosine",
+        *,
+        p: float | None = None,
+        dim: int | None = None,
+        device: str | None = None,
+        gpu_memory_limit: str | int | None = None,
+        gpus: Any = None,
+        dense_columns: Any = None,
+        left_column: str | None = None,
+        right_column: str | None = None,
+    ) -> None:
+        self.n_neighbors = n_neighbors
+        self.radius = radius
+        self.metric = metric
+        self.p = p
+        self.dim = dim
+        self.device = device
+        self.gpu_memory_limit = gpu_memory_limit
+        self.gpus = gpus
+        self.dense_columns = dense_columns
+        self.left_column = left_column
+        self.right_column = right_column
+
+    # -- fitting ---------------------------------------------------------------------------
+
+    def _options_text(self, columns: int | None) -> str:
+        if not isinstance(self.metric, str):
+            msg = f"metric must be a string, got {type(self.metric).__name__}"
+            raise ValueError(msg)
+        options = {k: getattr(self, k) for k in _OPTION_PARAMS if getattr(self, k) is not None}
+        if columns is not None and "dim" not in options and self.metric.lower() in _NEEDS_DIM:
+            options["dim"] = columns
+        return ", ".join(f"{k}={_option_text(k, v)}" for k, v in options.items())
+
+    def fit(self, X: Any, y: Any = None) -> NearestNeighbors:
+        """Builds the index of the rows of ``X`` (``y`` is ignored)."""
+        rows, _, columns = _rows(X, "X")
+        self._index = FittedIndex.fit(rows, self.metric, self._options_text(columns))
+        self._fit_X = X
+        self.n_samples_fit_ = self._index.n_rows
+        self.effective_metric_ = self._index.metric
+        self.device_ = self._index.device
+        if columns is not None:
+            self.n_features_in_ = columns
+        elif self.dim is not None:
+            self.n_features_in_ = int(self.dim)
+        elif hasattr(self, "n_features_in_"):
+            del self.n_features_in_
+        return self
+
+    def _fitted(self) -> FittedIndex:
+        index = getattr(self, "_index", None)
+        if index is None:
+            msg = (
+                f"This {type(self).__name__} instance is not fitted yet. Call 'fit' with "
+                "appropriate arguments before using this estimator."
+            )
+            raise NotFittedError(msg)
+        return index
+
+    def _query(self, X: Any):
+        """Query rows (None: the fitted rows) and their count."""
+        index = self._fitted()
+        if X is None:
+            return None, index.n_rows
+        rows, n, columns = _rows(X, "X")
+        expected = getattr(self, "n_features_in_", None)
+        if columns is not None and expected is not None and columns != expected:
+            msg = (
+                f"X has {columns} features, but {type(self).__name__} is expecting "
+                f"{expected} features as input."
+            )
+            raise ValueError(msg)
+        return rows, n
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def kneighbors(self, X: Any = None, n_neighbors: int | None = None, return_distance: bool = True):
+        """The ``n_neighbors`` nearest fitted rows of each row of ``X``: ``(distances,
+        indices)``, float64 and int64 arrays of shape (rows of X, n_neighbors), nearest first.
+        ``X=None``: the fitted rows, each row's own pair left out (as scikit-learn does)."""
+        index = self._fitted()
+        k = _check_n_neighbors(self.n_neighbors if n_neighbors is None else n_neighbors)
+        rows, _ = self._query(X)
+        n, distances, indices = index.kneighbors(rows, k)
+        ind = _frombuffer(indices, np.int64, (n, k))
+        if not return_distance:
+            return ind
+        return _frombuffer(distances, np.float64, (n, k)), ind
+
+    def radius_neighbors(
+        self,
+        X: Any = None,
+        radius: float | None = None,
+        return_distance: bool = True,
+        sort_results: bool = False,
+    ):
+        """Every fitted row within ``radius`` of each row of ``X`` (for ``dot``: at least
+        ``radius``): object arrays of one float64 / int64 array per row. Always nearest first,
+        ties by row (``sort_results`` is accepted for scikit-learn's signature). ``X=None``:
+        the fitted rows, own pair left out."""
+        distances, indices, counts = self._radius(X, radius)
+        cuts = np.cumsum(counts)[:-1]
+        ind = _object_array(np.split(indices, cuts))
+        if not return_distance:
+            return ind
+        return _object_array(np.split(distances, cuts)), ind
+
+    def _radius(self, X: Any, radius: float | None):
+        index = self._fitted()
+        radius = _check_radius(self.radius if radius is None else radius)
+        rows, _ = self._query(X)
+        counts, distances, indices = index.radius_neighbors(rows, radius)
+        return (
+            _frombuffer(distances, np.float64),
+            _frombuffer(indices, np.int64),
+            _frombuffer(counts, np.int64),
+        )
+
+    # -- graphs ----------------------------------------------------------------------------
+
+    def kneighbors_graph(self, X: Any = None, n_neighbors: int | None = None, mode: str = "connectivity"):
+        """The kNN graph as a ``scipy.sparse.csr_matrix`` of shape (rows of X, fitted rows):
+        ``mode='connectivity'`` stores ones, ``'distance'`` the distances; each row holds its
+        ``n_neighbors`` neighbours in ascending distance, as scikit-learn's."""
+        import scipy.sparse as sp
+
+        _check_mode(mode)
+        k = _check_n_neighbors(self.n_neighbors if n_neighbors is None else n_neighbors)
+        distances, indices = self.kneighbors(X, k, return_distance=True)
+        n = indices.shape[0]
+        data = np.ones(n * k) if mode == "connectivity" else distances.ravel()
+        indptr = np.arange(0, n * k + 1, k)
+        return sp.csr_matrix((data, indices.ravel(), indptr), shape=(n, self.n_samples_fit_))
+
+    def radius_neighbors_graph(
+        self,
+        X: Any = None,
+        radius: float | None = None,
+        mode: str = "connectivity",
+        sort_results: bool = False,
+    ):
+        """Every pair within ``radius`` as a ``scipy.sparse.csr_matrix`` of shape (rows of X,
+        fitted rows), each row in ascending distance (``mode`` as in ``kneighbors_graph``)."""
+        import scipy.sparse as sp
+
+        _check_mode(mode)
+        distances, indices, counts = self._radius(X, radius)
+        indptr = np.concatenate([[0], np.cumsum(counts)])
+        data = np.ones(len(indices)) if mode == "connectivity" else distances
+        return sp.csr_matrix((data, indices, indptr), shape=(len(counts), self.n_samples_fit_))
+
+    # -- index files -----------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the fitted index to an index file (``.skidx``)."""
+        self._fitted()
+        msg = (
+            "NearestNeighbors.save needs the crate's index files (SparseIndex), which this build "
+            "does not have yet; fit again instead"
+        )
+        raise NotImplementedError(msg)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, **params: Any) -> NearestNeighbors:
+        """A fitted estimator over an index file written by ``save`` (or ``sparse-knn index``)."""
+        msg = (
+            "NearestNeighbors.load needs the crate's index files (SparseIndex), which this build "
+            "does not have yet"
+        )
+        raise NotImplementedError(msg)
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("connectivity", "distance"):
+        msg = f'Unsupported mode, must be one of "connectivity", or "distance" but got "{mode}" instead'
+        raise ValueError(msg)
+
+
+class KNeighborsTransformer(_TransformerBase, _Base):
+    """scikit-learn's ``KNeighborsTransformer`` over the fitted index: ``transform(X)`` is the
+    kNN graph of ``X`` against the fitted rows as a CSR matrix, ``n_neighbors + 1`` entries a row
+    for ``mode='distance'`` (``n_neighbors`` for ``'connectivity'``) in ascending distance.
+    ``fit_transform(X)`` (and ``transform`` of the fitted object itself) puts each sample's own
+    pair first, at an explicitly stored distance 0, as ``scanpy.pp.neighbors(adata,
+    transformer=...)`` and UMAP's ``precomputed_knn`` expect.
+
+    Parameters and options as in :class:`NearestNeighbors`.
+    """
+
+    def __init__(
+        self,
+        *,
+        mode: str = "distance",
+        n_neighbors: int = 5,
+        metric: str = "cosine",
+        p: float | None = None,
+        dim: int | None = None,
+        device: str | None = None,
+        gpu_memory_limit: str | int | None = None,
+        gpus: Any = None,
+        dense_columns: Any = None,
+        left_column: str | None = None,
+        right_column: str | None = None,
+    ) -> None:
+        self.mode = mode
+        self.n_neighbors = n_neighbors
+        self.metric = metric
+        self.p = p
+        self.dim = dim
+        self.device = device
+        self.gpu_memory_limit = gpu_memory_limit
+        self.gpus = gpus
+        self.dense_columns = dense_columns
+        self.left_column = left_column
+        self.right_column = right_column
+
+    def fit(self, X: Any, y: Any = None) -> KNeighborsTransformer:
+        _check_mode(self.mode)
+        params = {k: getattr(self, k) for k in ("n_neighbors", "metric", *_OPTION_PARAMS)}
+        self._nn = NearestNeighbors(**params).fit(X)
+        self.n_samples_fit_ = self._nn.n_samples_fit_
+        self.effective_metric_ = self._nn.effective_metric_
+        if hasattr(self._nn, "n_features_in_"):
+            self.n_features_in_ = self._nn.n_features_in_
+        return self
+
+    def transform(self, X: Any):
+        nn = getattr(self, "_nn", None)
+        if nn is None:
+            msg = (
+                "This KNeighborsTransformer instance is not fitted yet. Call 'fit' with "
+                "appropriate arguments before using this estimator."
+            )
+            raise NotFittedError(msg)
+        add_one = self.mode == "distance"
+        if X is nn._fit_X:
+            return self._self_first_graph()
+        return nn.kneighbors_graph(X, mode=self.mode, n_neighbors=self.n_neighbors + add_one)
+
+    def fit_transform(self, X: Any, y: Any = None):
+        return self.fit(X).transform(X)
+
+    def _self_first_graph(self):
+        """The fitted rows' graph with each sample itself first at distance 0 (stored)."""
+        import scipy.sparse as sp
+
+        nn = self._nn
+        others = self.n_neighbors if self.mode == "distance" else self.n_neighbors - 1
+        n = nn.n_samples_fit_
+        k = others + 1
+        indices = np.empty((n, k), dtype=np.int64)
+        distances = np.zeros((n, k), dtype=np.float64)
+        indices[:, 0] = np.arange(n)
+        if others > 0:
+            distances[:, 1:], indices[:, 1:] = nn.kneighbors(None, others)
+        data = np.ones(n * k) if self.mode == "connectivity" else distances.ravel()
+        indptr = np.arange(0, n * k + 1, k)
+        return sp.csr_matrix((data, indices.ravel(), indptr), shape=(n, n))
+
+
+def precomputed_knn(X: Any, n_neighbors: int = 15, metric: str = "euclidean", **options: Any):
+    """UMAP's ``precomputed_knn``: ``(knn_indices, knn_dists)`` of shape (rows of X,
+    n_neighbors), each row's own pair first at distance 0 (UMAP's ``n_neighbors`` counts it),
+    then its ``n_neighbors - 1`` nearest other rows::
+
+        knn = datafusion_sparse_knn.precomputed_knn(X, 15, "cosine")
+        umap.UMAP(n_neighbors=15, metric="cosine", precomputed_knn=knn).fit(X)
+
+    Options as in :class:`NearestNeighbors`.
+    """
+    k = _check_n_neighbors(n_neighbors)
+    transformer = KNeighborsTransformer(n_neighbors=k - 1, metric=metric, mode="distance", **options)
+    graph = transformer.fit_transform(X)
+    n = graph.shape[0]
+    return graph.indices.reshape(n, k).astype(np.int64), graph.data.reshape(n, k)

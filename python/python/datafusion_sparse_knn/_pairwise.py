@@ -1,0 +1,85 @@
+"""``pairwise_distances``: every distance between two sets of rows as a dense float64 matrix,
+like ``sklearn.metrics.pairwise_distances``, computed by the crate's semiring kernels."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from ._estimator import _frombuffer
+from ._inputs import _options, _rows
+from ._internal import FittedIndex
+
+__all__ = ["pairwise_distances"]
+
+
+def _memory_available() -> int | None:
+    """Bytes of memory available now (Linux: MemAvailable), None where it cannot be told."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def _check_fits(rows: int, columns: int) -> None:
+    needed = rows * columns * 8
+    available = _memory_available()
+    if available is not None and needed > available:
+        msg = (
+            f"pairwise_distances: the output, {rows} x {columns} float64 values, would take "
+            f"{_gib(needed)}, more than the {_gib(available)} of memory available; pass fewer "
+            "rows of X at a time, or ask for the nearest rows only (kneighbors, "
+            "radius_neighbors, NearestNeighbors.kneighbors_graph)"
+        )
+        raise ValueError(msg)
+
+
+def pairwise_distances(X: Any, Y: Any = None, metric: str = "cosine", **options: Any) -> np.ndarray:
+    """The distance of every row of ``X`` to every row of ``Y`` (``Y=None``: ``X`` itself) as a
+    dense float64 array of shape (rows of X, rows of Y), like
+    ``sklearn.metrics.pairwise_distances(X, Y, metric=metric)``.
+
+    Computed by the crate's kernels in blocks of rows of ``X`` (on the GPU with
+    ``device='gpu'``), written straight into the output: memory holds the output and one
+    block's pairs. An output larger than the memory available is a ``ValueError`` that says how
+    large it would be. Inputs and options as in :class:`NearestNeighbors` (``p``, ``dim``,
+    ``device``, ...); metrics: every metric of the SQL functions (for ``dot``, a similarity,
+    the values are dot products).
+    """
+    x_rows, x_n, x_columns = _rows(X, "X")
+    if Y is None:
+        y_rows, y_n, y_columns = x_rows, x_n, x_columns
+    else:
+        y_rows, y_n, y_columns = _rows(Y, "Y")
+        if x_columns is not None and y_columns is not None and x_columns != y_columns:
+            msg = (
+                f"Incompatible dimension for X and Y matrices: X.shape[1] == {x_columns} while "
+                f"Y.shape[1] == {y_columns}"
+            )
+            raise ValueError(msg)
+    if x_n is not None and y_n is not None:
+        _check_fits(x_n, y_n)
+    columns = x_columns if x_columns is not None else y_columns
+    index = FittedIndex.fit(y_rows, metric, _options(metric, options, columns))
+    if x_n is None:
+        _check_fits(index.n_rows if Y is None else _rows_of(x_rows), index.n_rows)
+    n, out = index.pairwise(None if Y is None else x_rows)
+    return _frombuffer(out, np.float64, (n, index.n_rows))
+
+
+def _rows_of(rows) -> int:
+    n = rows.num_rows
+    return 0 if n is None else n
