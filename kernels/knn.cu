@@ -339,6 +339,61 @@ __device__ __forceinline__ bool fixed_add(long long* acc, double term, double sc
     return fits;
 }
 
+// A reduced sum (or max) of the union's terms to a distance, as `union_distance` finishes it:
+// with zero totals.
+__device__ __forceinline__ double exact_finish(double reduced, const Params& prm) {
+    const Totals zero = {0.0, 0.0};
+    return MetricDef::finish(reduced, 0.0, zero, zero, prm);
+}
+
+// A pair of left work row `w` (chunk row `row`) and right row `j` that shares no column, in a
+// bound mode given the one-sided sums: its reduced sum l_one + r_one (+ 0, as the exact step
+// adds the shared terms' empty sum) is exact, and so is its distance when `finish` is correctly
+// rounded (FINISH_EXACT); otherwise the key is that distance less 2^-40 of it, below the CPU's
+// `pow` of the same sum. The metrics that take this path have a `finish` that does not decrease
+// with the sum (`finish_increasing`), so a pair whose sum is above `*cut` (with a margin far over
+// a `pow`'s rounding), the smallest sum of such a pair that was not selected, cannot be: its
+// distance is not computed. `*cut` only falls and the k-th key only falls, so a stale read of it
+// only costs a finish.
+template <bool RADIUS>
+__device__ __forceinline__ void disjoint_offer(const FoldedArgs& a, int w, int row, int j,
+                                               const Params& prm, u64* cand_key, u32* cand_row,
+                                               float* cand_filt, int* count, u64 tau_key,
+                                               u32 tau_row, u64* cut) {
+    const double sum = __dadd_rn(__dadd_rn(a.l_one[row], a.r_one[j]), 0.0);
+    const u64 cut_key = *cut;
+    if (cut_key != NO_KEY) {
+        const double c = ordered_to_double(cut_key);
+        if (sum > __dadd_rn(c, fabs(c) * 0x1p-30)) return;
+    }
+    double dist = exact_finish(sum, prm);
+    if (!MetricDef::FINISH_EXACT) dist = __dsub_rn(dist, fabs(dist) * 0x1p-40);
+    bool selected;
+    if (RADIUS) {
+        const double r = a.row_radius ? a.row_radius[w] : a.radius;
+        selected = dist <= r;
+        if (selected) {
+            const u64 slot = atomicAdd(a.r_counter, 1ull);
+            if (slot < a.r_cap) {
+                a.r_left[slot] = (u32)row;
+                a.r_right[slot] = (u32)j;
+                a.r_dist[slot] = dist;
+            }
+        }
+    } else {
+        const u64 c = double_to_ordered(dist);
+        selected = entry_less(c, (u32)j, tau_key, tau_row);
+        if (selected) {
+            const int slot = atomicAdd(count, 1);
+            cand_key[slot] = c;
+            cand_row[slot] = (u32)j;
+            // (no filter value: a row whose filter is at least +inf is never skipped for it)
+            if (cand_filt) cand_filt[slot] = __int_as_float(0x7f800000);
+        }
+    }
+    if (!selected) atomicMin(cut, double_to_ordered(sum));
+}
+
 template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     const int* l_off = a.l_off;
     const long long l_base = a.l_base;
@@ -396,6 +451,9 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     // only the first k of them can be among the k nearest, and for a radius either all or none
     // are within it: the rest are not finished at all.
     __shared__ int s_zeros;
+    // Pairs sharing no column, where the kernels take them (`disjoint` below): the smallest
+    // one-sided sum of such a pair found not to be selected, as an ordered key; none above it can be.
+    __shared__ u64 s_cut;
 
     // The accumulators start at zero and every tile's finishing pass puts each entry it reads
     // back to zero, so a tile needs no zeroing pass of its own (only the dense product's start).
@@ -437,6 +495,7 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
             s_tau_key = NO_KEY;
             s_tau_row = NO_ROW;
             s_zeros = 0;
+            s_cut = NO_KEY;
         }
         __syncthreads();
         // Eligible rows of sum 0 offered so far (read between the barriers of each round, so
@@ -559,12 +618,25 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     long long raw0 = word0;
                     const bool counted = cbits == 0 || (raw0 & ((1ll << cbits) - 1)) != 0;
                     raw0 >>= cbits;
+                    // A pair sharing no column, when the probe gave the rows' one-sided sums
+                    // (`r_one`, `l_one`: the exact step's own, src/gpu/index/exact.rs): its exact
+                    // reduced sum is theirs, finished here. The host pass that found such pairs
+                    // from those sums walked every right row for a left row sharing a column with
+                    // nearly all of them.
+                    const bool disjoint = CERTIFIED_PROBES && !METRIC_REDUCTION_MAX && !counted
+                                          && a.r_one != nullptr;
                     // Most rows of sum 0 are past the first k (or outside the radius): they are
                     // dropped before their valid bit is read.
                     const bool zero = a.zero_skip && raw0 == 0;
-                    bool take = counted && !(zero && (RADIUS ? zeros_outside : zeros_seen >= k))
+                    bool take = (counted || disjoint)
+                                && !(zero && (RADIUS ? zeros_outside : zeros_seen >= k))
                                 && (!valid_bits || row_valid(valid_bits, j)) && (long long)j != self_row;
                     if (take && zero && !RADIUS) atomicAdd(&s_zeros, 1);
+                    if (take && disjoint) {
+                        disjoint_offer<RADIUS>(a, w, row, j, prm, cand_key, cand_row, cand_filt,
+                                               &s_count, s_tau_key, s_tau_row, &s_cut);
+                        take = false;
+                    }
                     if (take) {
                         double s0 = (double)raw0 / scale0;
                         const double s1 = TWO && !MAXRED ? (double)word1 / scale1 : 0.0;

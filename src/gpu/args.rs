@@ -128,6 +128,34 @@ kernel_args! {
         /// rows tie in row order and the kernels finish only those that can be selected.
         zero_skip: i32 = "int",
         zero_dist: f64 = "double",
+        /// Bound modes with `shared_only`: the one-sided sums of the chunk's left rows and of the
+        /// part's right rows (the exact step's, `exact_one_sided`), from which the kernels take
+        /// the pairs sharing no column exactly; 0 (null): such pairs are left out.
+        l_one: DevPtr = "const double*",
+        r_one: DevPtr = "const double*",
+    }
+}
+
+kernel_args! {
+    /// The certified metrics' exact step (`exact_pairs`, `exact_one_sided`; kernels/exact.cu).
+    ExactArgs {
+        /// Left rows (or, for `exact_one_sided`, the rows summed): sorted CSR, entries (column,
+        /// value bits) as `uint2`.
+        l_ptr: DevPtr = "const long long*",
+        l_ent: DevPtr = "const uint2*",
+        /// The right side's rows, the same way.
+        r_ptr: DevPtr = "const long long*",
+        r_ent: DevPtr = "const uint2*",
+        /// The pairs (left row, right row), and how many (or the rows summed).
+        pair_left: DevPtr = "const u32*",
+        pair_right: DevPtr = "const u32*",
+        n: i64 = "long long",
+        /// `exact_one_sided`: 0 for left rows (terms against a zero on the right), 1 for right.
+        side: i32 = "int",
+        p: f64 = "double",
+        d: f64 = "double",
+        /// A reduced sum per pair (or per row).
+        out: DevPtr = "double*",
     }
 }
 

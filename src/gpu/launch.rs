@@ -87,6 +87,10 @@ pub(crate) struct PartLaunch<'a> {
     pub active_rows: Option<&'a [bool]>,
     /// Pairs per left row to make room for (updated with what each launch finds).
     pub radius_pairs_per_row: &'a std::sync::atomic::AtomicU64,
+    /// With `shared_only`: the device addresses of the one-sided sums of the probe's left rows
+    /// (from its first row) and of the index's right rows (from its first row), from which the
+    /// kernels take the pairs sharing no column (`FoldedArgs::l_one`).
+    pub one_sided: Option<(super::args::DevPtr, super::args::DevPtr)>,
 }
 
 impl PartLaunch<'_> {
@@ -321,6 +325,10 @@ impl PartLaunch<'_> {
                         && !self.lower_bounds
                         && !self.shared_only) as i32,
                     zero_dist: program.zero_distance.unwrap_or(0.0),
+                    l_one: self.one_sided.map_or(0, |(l, _)| l + r0 as u64 * 8),
+                    r_one: self
+                        .one_sided
+                        .map_or(0, |(_, r)| r + self.first_row as u64 * 8),
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (nwork as u32, 1, 1),

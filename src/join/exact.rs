@@ -14,7 +14,8 @@ use rayon::prelude::*;
 
 use super::Selection;
 use crate::metric::{
-    disjoint_distance, one_sided_sum, sorted_nonzeros_into, union_distance, Semiring, Side,
+    disjoint_distance, one_sided_sum, sorted_nonzeros_into, union_distance, RowTotals, Semiring,
+    Side,
 };
 use crate::vector::SparseBatch;
 
@@ -26,6 +27,7 @@ const NON_MONOTONE_SLACK: f64 = 1.0 / (1u64 << 40) as f64;
 type WalkFn = Box<dyn Fn(&[(i32, f32)], &[(i32, f32)]) -> f64 + Send + Sync>;
 type OneSidedFn = Box<dyn Fn(&[(i32, f32)]) -> f64 + Send + Sync>;
 type DisjointFn = Box<dyn Fn(f64, f64) -> f64 + Send + Sync>;
+type FinishFn = Box<dyn Fn(f64) -> f64 + Send + Sync>;
 
 /// A right side's rows as the exact step of a certified metric reads them.
 pub struct ExactRows {
@@ -38,6 +40,7 @@ pub struct ExactRows {
     walk: WalkFn,
     left_one_sided: OneSidedFn,
     disjoint: DisjointFn,
+    finish: FinishFn,
 }
 
 /// Valid right rows in (one-sided sum, row) order, cut into groups of one sum: the rows of a
@@ -97,6 +100,7 @@ impl ExactRows {
             }
             SumOrder { rows, groups }
         });
+        let zero = RowTotals::default();
         Self {
             ptr,
             entries,
@@ -105,7 +109,21 @@ impl ExactRows {
             walk: Box::new(move |a, b| union_distance(&s, a, b)),
             left_one_sided: Box::new(move |a| one_sided_sum(&s, a, Side::Left)),
             disjoint: Box::new(move |l, r| disjoint_distance(&s, l, r)),
+            finish: Box::new(move |reduced| s.finish(reduced, 0.0, &zero, &zero)),
         }
+    }
+
+    /// The right rows as this keeps them: row pointers into the entries, each row's nonzeros
+    /// sorted by column (the GPU's exact step walks a copy of them on the device).
+    pub fn sorted_rows(&self) -> (&[usize], &[(i32, f32)]) {
+        (&self.ptr, &self.entries)
+    }
+
+    /// The distance of a pair from its terms over the union reduced (summed in
+    /// [`union_distance`]'s order, or their max): `finish` with zero totals, as
+    /// [`union_distance`] ends.
+    pub fn finish_reduced(&self, reduced: f64) -> f64 {
+        (self.finish)(reduced)
     }
 
     fn right_row(&self, j: usize) -> &[(i32, f32)] {

@@ -48,16 +48,26 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let needs_rt0 = reads(&finish_text, &format!("{r}.t0"));
     let needs_rt1 = reads(&finish_text, &format!("{r}.t1"));
     let max = S::REDUCTION == Reduction::Max;
+    // The exact term runs only in the exact step (kernels/exact.cu), whose distances must be the
+    // CPU's bits where the terms allow it: its `log` is fdlibm's, as the CPU's (`exact_log`).
     let term = match src.exact_term {
         Some(([ex, ey, eprm], text)) => format!(
-            "    __device__ static double term(double {ex}, double {ey}, const Params& {eprm}) \
-             {{ return {text}; }}\n"
+            "#define log exact_log\n\
+             \x20   __device__ static double term(double {ex}, double {ey}, const Params& {eprm}) \
+             {{ return {text}; }}\n\
+             #undef log\n"
         ),
         None => {
             assert!(!max, "metric {}: a max reduction needs exact_term", S::NAME);
             String::new()
         }
     };
+    // Whether `finish` is made of correctly rounded operations only (no pow, log or exp): the
+    // device then finishes a reduced sum to the CPU's bits, and the kernels' keys of the pairs
+    // sharing no column are their distances rather than bounds (see `disjoint` in knn.cu).
+    let finish_exact = !["pow(", "log(", "log_positive(", "exp("]
+        .iter()
+        .any(|f| reads(&finish_text, f));
     // The filter by which the kernels skip finishing rows that cannot be selected (KeyForm).
     let filter = match S::KEY.cuda_filter() {
         Some((value, at_least)) => format!(
@@ -84,6 +94,7 @@ pub fn cuda_definition<S: Semiring>() -> String {
          \x20   static constexpr bool NEEDS_RT0 = {needs_rt0};\n\
          \x20   static constexpr bool NEEDS_RT1 = {needs_rt1};\n\
          \x20   static constexpr double ROUNDING_GROWTH = {growth:?};\n\
+         \x20   static constexpr bool FINISH_EXACT = {finish_exact};\n\
          {lift}\
          \x20   __device__ static double total0(double {tx}, const Params& {tprm}) {{ return {t0}; }}\n\
          \x20   __device__ static double total1(double {tx}, const Params& {tprm}) {{ return {t1}; }}\n\

@@ -5,6 +5,7 @@
 use datafusion::common::Result;
 use rayon::prelude::*;
 
+use super::super::args::DevPtr;
 use super::super::stats::GpuStats;
 use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, Selection};
 use crate::metric::sorted_nonzeros;
@@ -22,6 +23,9 @@ pub(super) struct Bounds<'a> {
     pub(super) shared_only: bool,
     /// The left rows to compute (all when absent).
     pub(super) active_rows: Option<&'a [bool]>,
+    /// With `shared_only`: the one-sided sums on the device (left rows of the probe, right rows
+    /// of the index), from which the kernels take the pairs sharing no column themselves.
+    pub(super) one_sided: Option<(DevPtr, DevPtr)>,
 }
 impl Bounds<'_> {
     pub(super) const NONE: Bounds<'static> = Bounds {
@@ -29,6 +33,7 @@ impl Bounds<'_> {
         row_radius: None,
         shared_only: false,
         active_rows: None,
+        one_sided: None,
     };
 }
 /// Where each left row's pairs start in a list of `rows` left rows grouped by left row (or
@@ -132,6 +137,13 @@ impl GpuIndex {
         cancel: &Cancel,
         stats: &mut GpuStats,
     ) -> Result<PairList> {
+        if let Some(rows) = self
+            .exact_rows
+            .as_ref()
+            .filter(|_| !matches!(selection, Selection::Nearest(k) if k > MAX_DEVICE_K))
+        {
+            return self.probe_certified_on_device(rows, left, selection, options, cancel, stats);
+        }
         let exact = self
             .exact
             .as_ref()
@@ -177,6 +189,7 @@ impl GpuIndex {
                             row_radius: None,
                             shared_only,
                             active_rows: None,
+                            one_sided: None,
                         },
                     )
                 })?;
@@ -234,6 +247,7 @@ impl GpuIndex {
                     row_radius: row_radius.as_deref(),
                     shared_only,
                     active_rows: active_rows.as_deref(),
+                    one_sided: None,
                 },
             )
         })?;

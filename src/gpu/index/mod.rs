@@ -34,6 +34,7 @@ use crate::metric::Semiring;
 use crate::vector::SparseBatch;
 
 mod certified;
+mod exact;
 mod large_k;
 mod layout;
 mod probe;
@@ -83,6 +84,8 @@ pub struct GpuIndex {
     /// Certified metrics: the exact distance of a pair (left row, right row) over the union.
     /// Shared by the replicas of one right side on several GPUs.
     exact: Option<Arc<ExactRows>>,
+    /// The same rows on the device, where the exact step runs there (see `exact`).
+    exact_rows: Option<exact::DevRows>,
     /// Read by probes at once, each on a lane of the device.
     inner: Inner,
     stats: Mutex<GpuStats>,
@@ -144,9 +147,9 @@ impl GpuIndex {
             started.elapsed() - prepared,
             stats.bytes_to_device
         );
-        Ok(Self::assemble(
-            device, right, layout, parts_meta, exact, uploaded, stats,
-        ))
+        let mut index = Self::assemble(device, right, layout, parts_meta, exact, uploaded, stats);
+        index.upload_exact_rows()?;
+        Ok(index)
     }
 
     /// The whole right side on each of `devices` (prepared once, uploaded to all at once), or
@@ -217,7 +220,7 @@ impl GpuIndex {
         let mut replicas = Vec::with_capacity(devices.len());
         for (d, up) in devices.iter().zip(uploads) {
             let (uploaded, stats) = up?;
-            replicas.push(Self::assemble(
+            let mut replica = Self::assemble(
                 Arc::clone(d),
                 right,
                 layout.clone(),
@@ -225,7 +228,9 @@ impl GpuIndex {
                 exact.clone(),
                 uploaded,
                 stats,
-            ));
+            );
+            replica.upload_exact_rows()?;
+            replicas.push(replica);
         }
         Ok(Some(replicas))
     }
@@ -258,6 +263,7 @@ impl GpuIndex {
             }),
             max_row_len: right.max_row_len() as i32,
             exact,
+            exact_rows: None,
             inner: Inner {
                 resident: uploaded.resident,
                 col_ids: uploaded.col_ids,
@@ -285,6 +291,12 @@ impl GpuIndex {
     /// the `dense_columns` option).
     pub fn dense_columns(&self) -> usize {
         self.dense_count
+    }
+
+    /// Whether a certified metric's exact step runs on the device (its rows fit there beside a
+    /// right side that stays whole; see `exact`); false for the other metrics.
+    pub fn exact_on_device(&self) -> bool {
+        self.exact_rows.is_some()
     }
 
     /// Parts the right side is cut into (1 when it stays on the device between probes).

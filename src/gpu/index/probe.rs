@@ -65,6 +65,7 @@ impl GpuIndex {
                 row_radius: bounds.row_radius,
                 active_rows: bounds.active_rows,
                 radius_pairs_per_row: &inner.radius_pairs_per_row,
+                one_sided: bounds.one_sided.filter(|_| bounds.shared_only),
             };
             let mut out = PairList::default();
             let work_budget = budget.saturating_sub(held).max(1);
