@@ -250,24 +250,49 @@ suite_gpu() {
     done
 }
 
-# lookups: small left sides (LOOKUP_BATCHES rows) against a large right side through
-# `sparse-knn sql`, a fresh process each (what a service answering one query at a time pays).
-#   LOOKUP_SHAPE=movielens LOOKUP_ROWS=100000 LOOKUP_BATCHES="1 16 256" DEVICE=cpu REPEAT=3
+# lookups: what a service answering small queries against one large right side pays
+# (LOOKUP_ROWS rows of LOOKUP_SHAPE, k=10, cosine, DEVICE): the build alone (`sparse-knn index`);
+# a fresh process answering one row from the Parquet file and from the index file; one process
+# answering 21 one-row lookups (the first builds, the rest reuse); and, in one warm
+# `sql --timing` session, each statement's time: 20 one-row lookups, then LOOKUP_BIG rows at once.
+#   LOOKUP_SHAPE=nytimes LOOKUP_ROWS=1000000 LOOKUP_BIG=10000 DEVICE=cpu REPEAT=3
 suite_lookups() {
-    local dir=$1 shape=${LOOKUP_SHAPE:-movielens} rows=${LOOKUP_ROWS:-100000} device=${DEVICE:-cpu}
+    local dir=$1 shape=${LOOKUP_SHAPE:-nytimes} rows=${LOOKUP_ROWS:-1000000} device=${DEVICE:-cpu}
+    local big=${LOOKUP_BIG:-10000}
     need_bin
     ROWS=$rows data_one "$shape"
-    local right
+    local right one many index
     right=$(ROWS=$rows data_path "$shape")
-    for b in ${LOOKUP_BATCHES:-1 16 256}; do
-        local left="$DATA_DIR/.lookup_$b.parquet"
-        "$BIN" sql --table r="$right" -c "COPY (SELECT * FROM r ORDER BY id LIMIT $b) TO '$left'" >/dev/null
-        for _ in $(seq 1 "${REPEAT:-3}"); do
-            time_json "$dir/lookups.jsonl" "$b rows cosine $device" "$BIN" sql --table l="$left" --table r="$right" \
-                -c "SELECT count(*) FROM knn_join(l, r, 'cosine', 10, 'device=$device')"
-        done
-        rm -f "$left"
+    one="$DATA_DIR/.lookup_1.parquet" many="$DATA_DIR/.lookup_$big.parquet" index="$DATA_DIR/.lookup.skidx"
+    "$BIN" sql --table r="$right" -c "COPY (SELECT * FROM r WHERE id = 12345 % $rows) TO '$one'" >/dev/null
+    "$BIN" sql --table r="$right" -c "COPY (SELECT * FROM r ORDER BY id LIMIT $big) TO '$many'" >/dev/null
+    local out="$dir/lookups.jsonl" q="SELECT count(*) FROM knn_join(l, r, 'cosine', 10, 'device=$device');"
+    time_json "$out" "build: sparse-knn index" "$BIN" index --input "$right" --output "$index" --overwrite
+    for _ in $(seq 1 "${REPEAT:-3}"); do
+        time_json "$out" "fresh process, 1 row, parquet" "$BIN" sql --table l="$one" --table r="$right" -c "$q"
+        time_json "$out" "fresh process, 1 row, index file" "$BIN" sql --table l="$one" --table r="$index" -c "$q"
     done
+    local twenty="$q" warm="$q"
+    for _ in $(seq 1 20); do twenty="$twenty $q"; done
+    time_json "$out" "one process, 21 one-row lookups, parquet" "$BIN" sql --table l="$one" --table r="$right" -c "$twenty"
+    for _ in $(seq 1 20); do warm="$warm $q"; done
+    for _ in 1 2 3; do warm="$warm ${q//knn_join(l,/knn_join(lb,}"; done
+    for right_path in "$right" "$index"; do
+        "$BIN" sql --timing --table l="$one" --table lb="$many" --table r="$right_path" -c "$warm" \
+            >/dev/null 2>"$dir/.timing"
+        "$PYTHON" - "$dir/.timing" "$out" "$right_path" "$big" <<'EOF'
+import json, re, statistics, sys
+times = [float(t) for t in re.findall(r"-- statement \d+: ([\d.]+) s", open(sys.argv[1]).read())]
+first, lookups, bigs = times[0], times[1:21], times[21:]
+source = "index file" if sys.argv[3].endswith(".skidx") else "parquet"
+rec = dict(label=f"warm session, {source}", first_s=first, lookup_median_s=statistics.median(lookups),
+           lookup_max_s=max(lookups), big_rows=int(sys.argv[4]), big_best_s=min(bigs),
+           big_queries_per_s=int(sys.argv[4]) / min(bigs))
+open(sys.argv[2], "a").write(json.dumps(rec) + "\n")
+print(rec, file=sys.stderr)
+EOF
+    done
+    rm -f "$one" "$many" "$index" "$dir/.timing"
 }
 
 # cluster: the same self knn_join locally and on a Ballista cluster of one and of two executors

@@ -11,6 +11,7 @@ pub mod cli;
 pub mod cluster;
 pub mod cpu;
 pub mod generate;
+pub mod index;
 pub mod gpu;
 pub mod join;
 pub mod metric;

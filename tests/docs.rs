@@ -401,6 +401,40 @@ mod rust_api_examples {
         Ok(out)
     }
 
+    async fn index_that_outlives_the_statement() -> Result<Vec<RecordBatch>> {
+        use datafusion_sparse_knn::index::SparseIndex;
+
+        let ctx = datafusion_sparse_knn::session_context();
+        let docs = ctx
+            .read_parquet("data/kos_bow.parquet", ParquetReadOptions::default())
+            .await?;
+        // Read, checked and indexed once, for two metrics.
+        let index = SparseIndex::build(docs, &["cosine", "manhattan"], "device=cpu").await?;
+        // Saved (rows, every column, and both indexes) and opened again: nothing is rebuilt.
+        let path = std::env::temp_dir().join("kos_rust_api.skidx");
+        index.save(&path)?;
+        let index = SparseIndex::open(&path)?;
+        // Probed by as many left sides as you like; the first metric is the default.
+        let queries = ctx
+            .read_parquet("data/kos_bow.parquet", ParquetReadOptions::default())
+            .await?
+            .filter(col("doc_id").lt(lit(3)))?;
+        let mut out = index.knn(queries, 3, "")?.collect().await?;
+        // As a table, knn_join probes it under any metric it serves.
+        ctx.register_table("kos_index", index.table())?;
+        out.extend(
+            ctx.sql(
+                "SELECT query_doc_id, neighbor_doc_id, distance FROM knn_join( \
+                 (SELECT * FROM kos_index WHERE doc_id = 1), kos_index, 'manhattan', 2)",
+            )
+            .await?
+            .collect()
+            .await?,
+        );
+        std::fs::remove_file(&path)?;
+        Ok(out)
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn rust_api_examples_run() {
         std::env::set_current_dir(root()).unwrap();
@@ -434,5 +468,18 @@ mod rust_api_examples {
         assert!(d
             .iter()
             .all(|d| d.is_some_and(|d| (0.0..=1.0).contains(&d))));
+
+        let b = index_that_outlives_the_statement().await.unwrap();
+        let (by_value, by_table): (Vec<_>, Vec<_>) = b.iter().partition(|b| b.num_columns() == 4);
+        // Documents 0-2, three neighbours each.
+        let by_value = arrow::compute::concat_batches(&by_value[0].schema(), by_value).unwrap();
+        assert_eq!(by_value.num_rows(), 9);
+        let by_table = arrow::compute::concat_batches(&by_table[0].schema(), by_table).unwrap();
+        assert_eq!(by_table.num_rows(), 2);
+        assert_eq!(by_table.column(1).as_primitive::<Int64Type>().value(0), 1);
+        assert_eq!(
+            by_table.column(2).as_primitive::<Float64Type>().value(0),
+            0.0
+        );
     }
 }

@@ -7,13 +7,11 @@
 
 mod common;
 
-use std::fs::File;
-use std::path::Path;
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch};
-use arrow::datatypes::{DataType, Field, Schema};
-use common::{random_rows, rng, GenOptions, Row};
+use arrow::array::RecordBatch;
+
+use common::{batch_of, collect, counts, explain_counters, write_parquet, Row};
 
 /// (query id, neighbor id, distance bits, rank) in output order: reuse must give the same bits.
 fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
@@ -25,45 +23,6 @@ fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
 use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_sparse_knn::metric::MetricKind;
 use datafusion_sparse_knn::planner::IndexCache;
-use datafusion_sparse_knn::SparseBatch;
-use parquet::arrow::ArrowWriter;
-
-/// Raw counts in the thousands, as users' bag-of-words and single-cell data have.
-fn counts(rows: usize, seed: u64) -> Vec<Row> {
-    let mut r = rng(seed);
-    let options = GenOptions::new(rows, 60).nonnegative(true);
-    random_rows(&mut r, &options)
-        .into_iter()
-        .map(|row| {
-            row.map(|entries| {
-                entries
-                    .into_iter()
-                    .map(|(c, v)| (c, (v.abs() * 997.0).round().max(1.0)))
-                    .collect()
-            })
-        })
-        .collect()
-}
-
-fn batch_of(rows: &[Row], first_id: i64) -> RecordBatch {
-    let vectors = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
-    let schema = Arc::new(Schema::new(vec![
-        Field::new("id", DataType::Int64, false),
-        Field::new("v", datafusion_sparse_knn::sparse_vector_type(), true),
-    ]));
-    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
-        first_id..first_id + rows.len() as i64,
-    ));
-    RecordBatch::try_new(schema, vec![ids, Arc::new(vectors.to_array())]).unwrap()
-}
-
-fn write_parquet(path: &Path, rows: &[Row], first_id: i64) {
-    let batch = batch_of(rows, first_id);
-    let mut writer =
-        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
-    writer.write(&batch).unwrap();
-    writer.close().unwrap();
-}
 
 /// A session like `register_all`'s, with the cache bound `index_cache` (None: the default).
 fn session(index_cache: Option<&str>) -> SessionContext {
@@ -88,33 +47,10 @@ async fn left_table(ctx: &SessionContext, path: &str) {
         .unwrap();
 }
 
-async fn collect(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
-    ctx.sql(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-        .collect()
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
-
 /// The join's `index_built` and `index_reused` counters from EXPLAIN ANALYZE of `sql`.
 async fn built_and_reused(ctx: &SessionContext, sql: &str) -> (usize, usize) {
-    let batches = collect(ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
-    let text = arrow::util::pretty::pretty_format_batches(&batches)
-        .unwrap()
-        .to_string();
-    let counter = |name: &str| -> usize {
-        let at = text
-            .find(&format!("{name}="))
-            .unwrap_or_else(|| panic!("no {name} in\n{text}"));
-        text[at + name.len() + 1..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect::<String>()
-            .parse()
-            .unwrap()
-    };
-    (counter("index_built"), counter("index_reused"))
+    let c = explain_counters(ctx, sql, &["index_built", "index_reused"]).await;
+    (c[0], c[1])
 }
 
 fn options_for(kind: MetricKind) -> &'static str {

@@ -110,6 +110,8 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
     // Local inputs are counted from their footers before anything else, which also checks that
     // they exist; object-store inputs once they are registered.
     let local_rows = |at: &Location| match at {
+        // An index file's rows are counted from its table once registered.
+        Location::Local(path) if crate::index::is_index_path(&path.to_string_lossy()) => Ok(None),
         Location::Local(path) => parquet_rows(path).map(Some),
         Location::Remote(_) => Ok(None),
     };

@@ -15,6 +15,7 @@ pub mod bench;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod generate;
+pub mod index;
 pub mod knn;
 mod parquet_out;
 pub mod shell;
@@ -59,6 +60,9 @@ pub enum Command {
     Generate(generate::GenerateArgs),
     /// Time the self knn_join per metric and device.
     Bench(bench::BenchArgs),
+    /// Build an index file (.skidx): the rows and their built index, loaded by later joins
+    /// instead of built again.
+    Index(index::IndexArgs),
     /// Run an Apache Ballista scheduler with every sparse-knn function and operator.
     #[cfg(feature = "cluster")]
     Scheduler(cluster::SchedulerArgs),
@@ -149,6 +153,7 @@ pub fn main() -> ExitCode {
             Command::Knn(args) => knn::run(args).await,
             Command::Generate(args) => generate::run(args).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Index(args) => index::run(args).await,
             #[cfg(feature = "cluster")]
             Command::Scheduler(args) => cluster::run_scheduler(args).await,
             #[cfg(feature = "cluster")]
@@ -321,6 +326,10 @@ pub async fn register_path(ctx: &SessionContext, name: &str, path: &Path) -> Cli
             .map(|e| e.to_string_lossy().to_ascii_lowercase())
     };
     match ext.as_deref() {
+        Some("skidx") => {
+            let table = crate::index::IndexTable::open(path)?;
+            ctx.register_table(name, std::sync::Arc::new(table))?;
+        }
         Some("csv") => {
             ctx.register_csv(name, location.as_ref(), CsvReadOptions::new())
                 .await?

@@ -52,6 +52,10 @@ pub struct SqlArgs {
     /// With --cluster: seconds a query waits for a live executor before it fails (default 60).
     #[arg(long = "cluster-timeout", value_name = "SECS", requires = "cluster")]
     pub cluster_timeout: Option<u64>,
+    /// After each statement, print its wall time (planning to last row) on stderr:
+    /// `-- statement N: 0.0123 s, R rows`.
+    #[arg(long)]
+    pub timing: bool,
 }
 
 pub async fn run(args: SqlArgs) -> CliResult<()> {
@@ -94,6 +98,7 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         sources.push(("<stdin>".to_string(), text));
     }
     let mut printer = Printer::new(args.format);
+    printer.timing = args.timing;
     for (label, text) in &sources {
         run_script(&ctx, text, &mut printer).await.map_err(|e| {
             if label == "-c" {
@@ -152,6 +157,14 @@ pub async fn run_script(
             "sql: a statement ran in {:?} ({rows} rows)",
             started.elapsed()
         );
+        if printer.timing {
+            printer.statements += 1;
+            eprintln!(
+                "-- statement {}: {:.4} s, {rows} rows",
+                printer.statements,
+                started.elapsed().as_secs_f64()
+            );
+        }
         if !schema.fields().is_empty() {
             printer.finish_query(&schema, &batches)?;
             printed = Some(printed.unwrap_or(0) + rows);
@@ -164,6 +177,9 @@ pub async fn run_script(
 pub struct Printer {
     format: Format,
     header_written: bool,
+    /// Print each statement's wall time on stderr (`--timing`).
+    pub timing: bool,
+    statements: u64,
 }
 
 impl Printer {
@@ -171,6 +187,8 @@ impl Printer {
         Self {
             format,
             header_written: false,
+            timing: false,
+            statements: 0,
         }
     }
 

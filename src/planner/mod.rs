@@ -44,6 +44,7 @@ pub use spec::{
     find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
     DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
 };
+pub(crate) use sql::session_options;
 pub use sql::SparseJoinRelationPlanner;
 pub use udtf::SparseJoinFunction;
 

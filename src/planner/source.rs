@@ -1,4 +1,5 @@
-//! Inputs given as a path: a Parquet file or a folder of them, read as a listing table.
+//! Inputs given as a path: a Parquet file or a folder of them, read as a listing table, or an
+//! index file (`.skidx`), read as its index's table.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,7 @@ pub fn looks_like_path(text: &str) -> bool {
     text.contains('/')
         || text.contains('\\')
         || text.to_ascii_lowercase().ends_with(".parquet")
+        || crate::index::is_index_path(text)
         || Path::new(text).exists()
 }
 
@@ -78,9 +80,26 @@ fn first_parquet_file(path: &Path) -> Option<PathBuf> {
         })
 }
 
+/// A table over a local index file (whose index the join then probes instead of building one),
+/// or over a local Parquet file or folder.
+pub fn path_table(
+    function: &str,
+    argument: &str,
+    path: &str,
+    config: &ConfigOptions,
+) -> Result<Arc<dyn TableProvider>> {
+    if crate::index::is_index_path(path) && !is_object_store_url(path) {
+        let local = path.strip_prefix("file://").unwrap_or(path);
+        let table = crate::index::IndexTable::open(Path::new(local))
+            .map_err(|e| e.context(format!("{function}: {argument}")))?;
+        return Ok(Arc::new(table));
+    }
+    parquet_table(function, argument, path, config)
+}
+
 /// A table over a local Parquet file or folder. The schema is read from the first file's footer
 /// here, synchronously, because SQL planning is not async.
-pub fn parquet_table(
+fn parquet_table(
     function: &str,
     argument: &str,
     path: &str,

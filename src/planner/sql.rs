@@ -19,7 +19,7 @@ use datafusion::sql::sqlparser::ast::{
 };
 
 use super::logical::SparseJoinNode;
-use super::source::{looks_like_path, parquet_table};
+use super::source::{looks_like_path, path_table};
 use super::spec::{JoinKind, JoinSpec, OptionsSource};
 use crate::options::{JoinOptions, SparseKnnConfig};
 
@@ -388,7 +388,7 @@ impl SparseJoinRelationPlanner {
                         .build();
                 }
                 if looks_like_path(&text) {
-                    let table = parquet_table(function, argument, &text, config)?;
+                    let table = path_table(function, argument, &text, config)?;
                     return LogicalPlanBuilder::scan(
                         TableReference::bare(text.as_str()),
                         provider_as_source(table),

@@ -20,7 +20,7 @@ use datafusion::physical_plan::projection::ProjectionExec;
 use datafusion::physical_plan::ExecutionPlan;
 
 use super::exec::SparseJoinExec;
-use super::source::{looks_like_path, parquet_table};
+use super::source::{looks_like_path, path_table};
 use super::spec::{resolve_device, Device, JoinSpec, Layout, OptionsSource};
 use super::sql::{constant, session_options, string_of, Function};
 
@@ -63,7 +63,7 @@ fn resolve_table(
         return Ok(table);
     }
     if looks_like_path(text) {
-        return parquet_table(function, argument, text, session.config_options());
+        return path_table(function, argument, text, session.config_options());
     }
     plan_err!("{function}: {argument}: '{text}' is neither a registered table nor an existing Parquet file or folder")
 }

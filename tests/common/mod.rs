@@ -4,12 +4,17 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
 
-use arrow::array::{AsArray, RecordBatch};
-use arrow::datatypes::{Float64Type, Int32Type, Int64Type};
+use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
+use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
+use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::metric::MetricKind;
 use datafusion_sparse_knn::vector::VectorCheck;
 use datafusion_sparse_knn::SparseBatch;
+use parquet::arrow::ArrowWriter;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -422,4 +427,72 @@ pub fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
         }
     }
     out
+}
+
+/// Raw counts in the thousands, as users' bag-of-words and single-cell data have.
+pub fn counts(rows: usize, seed: u64) -> Vec<Row> {
+    let mut r = rng(seed);
+    let options = GenOptions::new(rows, 60).nonnegative(true);
+    random_rows(&mut r, &options)
+        .into_iter()
+        .map(|row| {
+            row.map(|entries| {
+                entries
+                    .into_iter()
+                    .map(|(c, v)| (c, (v.abs() * 997.0).round().max(1.0)))
+                    .collect()
+            })
+        })
+        .collect()
+}
+
+pub fn batch_of(rows: &[Row], first_id: i64) -> RecordBatch {
+    let vectors = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("v", datafusion_sparse_knn::sparse_vector_type(), true),
+    ]));
+    let ids: ArrayRef = Arc::new(Int64Array::from_iter_values(
+        first_id..first_id + rows.len() as i64,
+    ));
+    RecordBatch::try_new(schema, vec![ids, Arc::new(vectors.to_array())]).unwrap()
+}
+
+pub fn write_parquet(path: &Path, rows: &[Row], first_id: i64) {
+    let batch = batch_of(rows, first_id);
+    let mut writer =
+        ArrowWriter::try_new(File::create(path).unwrap(), batch.schema(), None).unwrap();
+    writer.write(&batch).unwrap();
+    writer.close().unwrap();
+}
+
+pub async fn collect(ctx: &SessionContext, sql: &str) -> Vec<RecordBatch> {
+    ctx.sql(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .collect()
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+/// The join's counters `names` (e.g. `index_built`) from EXPLAIN ANALYZE of `sql`.
+pub async fn explain_counters(ctx: &SessionContext, sql: &str, names: &[&str]) -> Vec<usize> {
+    let batches = collect(ctx, &format!("EXPLAIN ANALYZE {sql}")).await;
+    let text = arrow::util::pretty::pretty_format_batches(&batches)
+        .unwrap()
+        .to_string();
+    names
+        .iter()
+        .map(|name| {
+            let at = text
+                .find(&format!("{name}="))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+            text[at + name.len() + 1..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap()
+        })
+        .collect()
 }

@@ -31,7 +31,7 @@ use crate::vector::SparseBatch;
 
 /// The right side, ready to probe.
 pub(super) struct BuildSide {
-    pub(super) index: Box<dyn JoinIndex>,
+    pub(super) index: Arc<dyn JoinIndex>,
     pub(super) rows: usize,
     /// The right input itself, when the operator probes it against itself (exclude_self=true):
     /// its batches as read (not concatenated: their list offsets may not fit one batch).
@@ -49,7 +49,7 @@ pub(super) struct BuildSide {
 /// What the blocking build task hands back: the index, the key groups, the right input itself
 /// (when kept), the right side's other columns, the index's memory, the bytes it copied to a device, and the right side's row count.
 type BuiltSide = (
-    Box<dyn JoinIndex>,
+    Arc<dyn JoinIndex>,
     Option<KeyGroups>,
     Option<Vec<RecordBatch>>,
     RecordBatch,
@@ -84,9 +84,11 @@ pub(super) struct BuildMetrics {
     pub(super) bytes_to_device: Count,
     /// Row ranges indexed separately: more than one past 2^31 entries or over several GPUs.
     pub(super) shards: Count,
-    /// 1 when this operator built its right side, and when it took one from the index cache.
+    /// 1 when this operator built its right side, when it took one from the index cache (or
+    /// one an index value held), and when it read one from an index file.
     pub(super) built: Count,
     pub(super) reused: Count,
+    pub(super) loaded: Count,
 }
 
 impl BuildMetrics {
@@ -100,6 +102,7 @@ impl BuildMetrics {
             shards: MetricBuilder::new(metrics).global_counter("build_shards"),
             built: MetricBuilder::new(metrics).global_counter("index_built"),
             reused: MetricBuilder::new(metrics).global_counter("index_reused"),
+            loaded: MetricBuilder::new(metrics).global_counter("index_loaded"),
         }
     }
 }
@@ -128,7 +131,6 @@ impl BuildJob {
             None => None,
         };
         let (Some((cache, capacity)), Some(identity)) = (cache, identity) else {
-            self.metrics.built.add(1);
             return self.build().await.map(Arc::new);
         };
         loop {
@@ -137,7 +139,6 @@ impl BuildJob {
                 // Polled in place (datafusion-python), the build in flight may be driven only by a
                 // stream that is not polled while this one waits: build here instead.
                 Lookup::Wait(_) if !inputs_on_own_tasks() => {
-                    self.metrics.built.add(1);
                     return self.build().await.map(Arc::new);
                 }
                 Lookup::Wait(in_flight) => {
@@ -150,7 +151,6 @@ impl BuildJob {
                 }
                 Lookup::Build(claim) => claim,
             };
-            self.metrics.built.add(1);
             let side = Arc::new(self.build().await?);
             claim.finish(&side, identity.pinned, capacity);
             return Ok(side);
@@ -194,7 +194,37 @@ impl BuildJob {
         )
     }
 
+    /// The index an index store under the right input holds or loads for this join (None when
+    /// the right input is no such store, or reads its vectors from another column).
+    async fn stored_index(&self) -> Result<Option<Arc<dyn JoinIndex>>> {
+        let Some(source) = crate::index::stored_source(crate::planner::gathered(&self.right))
+        else {
+            return Ok(None);
+        };
+        let schema = self.right.schema();
+        if schema.field(self.layout.right_vector).name() != source.vector_column() {
+            return Ok(None);
+        }
+        let (metric, device, gpu) = (self.spec.metric, self.device, gpu_options(&self.spec));
+        let (index, how) =
+            SpawnedTask::spawn_blocking(move || source.index_for(&metric, device, &gpu))
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?
+                .map_err(|e| e.context(format!("{}: the right side's index", self.name)))?;
+        match how {
+            crate::index::Obtained::Loaded => self.metrics.loaded.add(1),
+            crate::index::Obtained::Held => self.metrics.reused.add(1),
+            crate::index::Obtained::Built => self.metrics.built.add(1),
+        }
+        Ok(Some(index))
+    }
+
     async fn build(&mut self) -> Result<BuildSide> {
+        let stored = self.stored_index().await?;
+        if stored.is_none() {
+            self.metrics.built.add(1);
+        }
+        let convert = stored.is_none();
         let reservation = Arc::new(
             MemoryConsumer::new(format!("{}[build side]", self.name))
                 .register(self.context.memory_pool()),
@@ -207,7 +237,7 @@ impl BuildJob {
         // The driver starts, the GPUs open their contexts and the metric's kernels compile
         // while the right side is read (0.3-0.6 s on the H200s measured, which used to come
         // before and after the read).
-        if self.device == Device::Gpu {
+        if self.device == Device::Gpu && convert {
             GpuBackend {
                 options: gpu_options(&self.spec),
             }
@@ -241,14 +271,16 @@ impl BuildJob {
                         // names the right row.
                         let array = Arc::clone(batch.column(vector));
                         let check = check.clone().with_first_row(row);
-                        converting.push(SpawnedTask::spawn_blocking(move || {
-                            SparseBatch::try_from_array_chunked(
-                                array.as_ref(),
-                                &check,
-                                max_chunk_nnz(),
-                            )
-                            .ok()
-                        }));
+                        if convert {
+                            converting.push(SpawnedTask::spawn_blocking(move || {
+                                SparseBatch::try_from_array_chunked(
+                                    array.as_ref(),
+                                    &check,
+                                    max_chunk_nnz(),
+                                )
+                                .ok()
+                            }));
+                        }
                         row += batch.num_rows() as u64;
                         read.batches.push(batch);
                     }
@@ -319,6 +351,9 @@ impl BuildJob {
             // Pieces of at most max_chunk_nnz() entries; the backend cuts them into shards.
             let mut pieces = Vec::with_capacity(batches.len());
             let mut row = 0u64;
+            // A stored index needs no pieces: its vectors were converted and checked when it
+            // was built.
+            let converted = if convert { converted } else { Vec::new() };
             for (batch, done) in batches.iter().zip(converted) {
                 match done {
                     Some(done) => pieces.extend(done),
@@ -330,7 +365,7 @@ impl BuildJob {
                 }
                 row += batch.num_rows() as u64;
             }
-            let rows = row as usize;
+            let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
             let others_schema = Arc::new(right_schema.project(&layout.right_others)?);
             let projected = batches
                 .iter()
@@ -358,13 +393,18 @@ impl BuildJob {
                     u32::MAX
                 );
             }
-            let backend: Box<dyn Backend> = match device {
-                Device::Cpu => Box::new(CpuBackend),
-                Device::Gpu => Box::new(GpuBackend {
-                    options: gpu_options(&spec),
-                }),
+            let index: Arc<dyn JoinIndex> = match stored {
+                Some(index) => index,
+                None => {
+                    let backend: Box<dyn Backend> = match device {
+                        Device::Cpu => Box::new(CpuBackend),
+                        Device::Gpu => Box::new(GpuBackend {
+                            options: gpu_options(&spec),
+                        }),
+                    };
+                    Arc::from(backend.build_pieces(pieces, &spec.metric)?)
+                }
             };
-            let index = backend.build_pieces(pieces, &spec.metric)?;
             let size = index.memory_size()
                 + key_groups.as_ref().map_or(0, |g| g.memory_size())
                 + input.as_ref().map_or(0, |bs| {

@@ -139,7 +139,19 @@ fn walk(plan: &Arc<dyn ExecutionPlan>, leaves: &mut Leaves) -> Result<()> {
     })?;
     let children = plan.children();
     if children.is_empty() {
-        if let Some(source) = plan.downcast_ref::<DataSourceExec>() {
+        if let Some(scan) = plan.downcast_ref::<crate::index::IndexScanExec>() {
+            // An index file is known by its stamp like any file; an index value in memory holds
+            // its own indexes, which a cache entry would only copy.
+            match scan
+                .source()
+                .path()
+                .and_then(|p| std::fs::canonicalize(p).ok())
+                .and_then(|p| object_store::path::Path::from_absolute_path(p).ok())
+            {
+                Some(path) => leaves.scans.push(("file:///".to_string(), vec![path])),
+                None => leaves.cacheable = false,
+            }
+        } else if let Some(source) = plan.downcast_ref::<DataSourceExec>() {
             let source = source.data_source();
             if let Some(files) = source.downcast_ref::<FileScanConfig>() {
                 let mut paths: Vec<_> = files

@@ -1,0 +1,614 @@
+//! The index file (`.skidx`): a right side's rows and its built CPU indexes in one file.
+//!
+//! ```text
+//! "SKIDX\0\r\n"  format version (u32 LE)  0 (u32)
+//! sections, each starting 64-aligned:
+//!     the rows: an Arrow IPC file of every column (the vector column in the canonical type),
+//!               memory-mapped on load (its buffers are used where they lie)
+//!     per metric served, per shard: a CpuIndex's arrays (cpu/persist.rs), read into place
+//! the header: JSON (rows, vector column, sections with their CRC-32, metrics served)
+//! trailer: header offset (u64) header length (u64) header CRC-32 (u32) version (u32) "SKIDXEND"
+//! ```
+//!
+//! Every section carries its own CRC-32, checked before its contents are used, so a damaged or
+//! cut file is an error naming the file, never a wrong answer. Files are written under a
+//! temporary name in the target folder and renamed into place: a reader never sees half a file,
+//! and an existing file is replaced whole or not at all.
+
+use std::fs::File;
+use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::buffer::Buffer;
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::reader::FileDecoder;
+use arrow::ipc::writer::FileWriter;
+use datafusion::common::{exec_datafusion_err, exec_err, DataFusionError, Result};
+use serde_json::{json, Value};
+
+use crate::cpu::CpuIndex;
+use crate::metric::Metric;
+
+const MAGIC: &[u8; 8] = b"SKIDX\0\r\n";
+const END_MAGIC: &[u8; 8] = b"SKIDXEND";
+/// The format this build writes and reads. Bump it on any change to the layout above or to
+/// the arrays `cpu/persist.rs` writes.
+pub const FORMAT_VERSION: u32 = 1;
+const TRAILER: u64 = 32;
+const ALIGN: u64 = 64;
+
+/// Where a section lies and its checksum.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Section {
+    pub offset: u64,
+    pub len: u64,
+    pub crc: u32,
+}
+
+/// One metric's CPU index in the file: its shards (consecutive row ranges) in order.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredIndex {
+    pub metric: Metric,
+    pub shards: Vec<(usize, Section)>,
+}
+
+/// What the header says.
+#[derive(Debug, Clone)]
+pub(crate) struct Header {
+    pub rows: usize,
+    pub vector_column: String,
+    pub data: Section,
+    pub indexes: Vec<StoredIndex>,
+}
+
+/// An open index file: its header read and checked; the rows and the indexes are read when
+/// asked for.
+#[derive(Debug)]
+pub(crate) struct IndexFile {
+    pub path: PathBuf,
+    pub header: Header,
+    pub schema: SchemaRef,
+}
+
+fn damaged(path: &Path, what: impl std::fmt::Display) -> DataFusionError {
+    exec_datafusion_err!(
+        "index file '{}' is damaged or cut short ({what}); build it again with `sparse-knn index`",
+        path.display()
+    )
+}
+
+fn io_error(path: &Path, doing: &str, e: std::io::Error) -> DataFusionError {
+    exec_datafusion_err!("index file '{}': {doing}: {e}", path.display())
+}
+
+/// A writer that counts what passed and keeps its CRC-32.
+struct Counting<W: Write> {
+    inner: W,
+    written: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl<W: Write> Write for Counting<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> Counting<W> {
+    /// Starts a section at the next 64-byte boundary.
+    fn start_section(&mut self) -> std::io::Result<u64> {
+        let pad = (ALIGN - self.written % ALIGN) % ALIGN;
+        self.inner.write_all(&vec![0u8; pad as usize])?;
+        self.written += pad;
+        self.crc = crc32fast::Hasher::new();
+        Ok(self.written)
+    }
+
+    fn end_section(&mut self, offset: u64) -> Section {
+        let crc = std::mem::take(&mut self.crc).finalize();
+        Section {
+            offset,
+            len: self.written - offset,
+            crc,
+        }
+    }
+}
+
+fn section_json(s: &Section) -> Value {
+    json!({"offset": s.offset, "len": s.len, "crc32": s.crc})
+}
+
+fn metric_json(m: &Metric) -> Value {
+    json!({"metric": m.kind.name(), "p": m.p, "dim": m.dim})
+}
+
+/// Writes `batches` (schema `schema`, vector column `vector_column`) and the CPU indexes of
+/// `indexes` (per metric, its shards with their row counts) to `path`, replacing it whole.
+pub(crate) fn write(
+    path: &Path,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    vector_column: &str,
+    indexes: &[(Metric, Vec<(usize, Arc<CpuIndex>)>)],
+) -> Result<u64> {
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| exec_datafusion_err!("'{}' names no file", path.display()))?;
+    let temporary = folder.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = write_to(&temporary, schema, batches, vector_column, indexes).and_then(|len| {
+        std::fs::rename(&temporary, path)
+            .map_err(|e| io_error(path, "moving the written file into place", e))?;
+        Ok(len)
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    result
+}
+
+fn write_to(
+    path: &Path,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    vector_column: &str,
+    indexes: &[(Metric, Vec<(usize, Arc<CpuIndex>)>)],
+) -> Result<u64> {
+    let file = File::create(path).map_err(|e| io_error(path, "creating", e))?;
+    let mut out = Counting {
+        inner: BufWriter::with_capacity(1 << 20, file),
+        written: 0,
+        crc: crc32fast::Hasher::new(),
+    };
+    let io = |e| io_error(path, "writing", e);
+    out.write_all(MAGIC).map_err(io)?;
+    out.write_all(&FORMAT_VERSION.to_le_bytes()).map_err(io)?;
+    out.write_all(&0u32.to_le_bytes()).map_err(io)?;
+
+    let start = out.start_section().map_err(io)?;
+    {
+        let mut writer = FileWriter::try_new(&mut out, schema)?;
+        for batch in batches {
+            writer.write(batch)?;
+        }
+        writer.finish()?;
+    }
+    let data = out.end_section(start);
+    let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+
+    let mut stored = Vec::new();
+    for (metric, shards) in indexes {
+        let mut sections = Vec::new();
+        for (shard_rows, index) in shards {
+            let start = out.start_section().map_err(io)?;
+            index.write_to(&mut out).map_err(io)?;
+            sections.push(
+                json!({"rows": shard_rows, "section": section_json(&out.end_section(start))}),
+            );
+        }
+        let mut entry = metric_json(metric);
+        entry["shards"] = Value::Array(sections);
+        stored.push(entry);
+    }
+    let header = json!({
+        "format": FORMAT_VERSION,
+        "created_by": concat!("sparse-knn ", env!("CARGO_PKG_VERSION")),
+        "rows": rows,
+        "vector_column": vector_column,
+        "data": section_json(&data),
+        "indexes": stored,
+    });
+    let header = serde_json::to_vec_pretty(&header).map_err(|e| exec_datafusion_err!("{e}"))?;
+    let header_offset = out.start_section().map_err(io)?;
+    out.write_all(&header).map_err(io)?;
+    let header_crc = out.end_section(header_offset).crc;
+    out.write_all(&header_offset.to_le_bytes()).map_err(io)?;
+    out.write_all(&(header.len() as u64).to_le_bytes())
+        .map_err(io)?;
+    out.write_all(&header_crc.to_le_bytes()).map_err(io)?;
+    out.write_all(&FORMAT_VERSION.to_le_bytes()).map_err(io)?;
+    out.write_all(END_MAGIC).map_err(io)?;
+    out.flush().map_err(io)?;
+    let written = out.written;
+    out.inner
+        .into_inner()
+        .map_err(|e| io(e.into_error()))?
+        .sync_all()
+        .map_err(io)?;
+    Ok(written)
+}
+
+fn read_u32(bytes: &[u8]) -> u32 {
+    u32::from_le_bytes(bytes.try_into().expect("4 bytes"))
+}
+
+fn read_u64(bytes: &[u8]) -> u64 {
+    u64::from_le_bytes(bytes.try_into().expect("8 bytes"))
+}
+
+fn parse_section(path: &Path, v: &Value, size: u64) -> Result<Section> {
+    let field = |name: &str| v.get(name).and_then(Value::as_u64);
+    let (Some(offset), Some(len), Some(crc)) = (field("offset"), field("len"), field("crc32"))
+    else {
+        return Err(damaged(
+            path,
+            "a section without offset, length or checksum",
+        ));
+    };
+    if offset.checked_add(len).is_none_or(|end| end > size) {
+        return Err(damaged(path, "a section past the end of the file"));
+    }
+    Ok(Section {
+        offset,
+        len,
+        crc: crc as u32,
+    })
+}
+
+fn parse_metric(path: &Path, v: &Value) -> Result<Metric> {
+    let name = v
+        .get("metric")
+        .and_then(Value::as_str)
+        .ok_or_else(|| damaged(path, "an index without its metric"))?;
+    let p = v.get("p").and_then(Value::as_f64);
+    let dim = v.get("dim").and_then(Value::as_u64);
+    Metric::new(name, p, dim).map_err(|e| damaged(path, e))
+}
+
+impl IndexFile {
+    /// Opens `path` and checks its header (magic, version, checksum, sections in bounds); the
+    /// rows and indexes are read later.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let mut file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| io_error(path, "reading its size", e))?
+            .len();
+        let mut start = [0u8; 16];
+        if size < 16 || file.read_exact(&mut start).is_err() || &start[..8] != MAGIC {
+            return exec_err!(
+                "'{}' is not a sparse-knn index file (no SKIDX header); make one with `sparse-knn index`",
+                path.display()
+            );
+        }
+        let version = read_u32(&start[8..12]);
+        if version != FORMAT_VERSION {
+            return exec_err!(
+                "index file '{}' has format version {version}; this sparse-knn reads version \
+                 {FORMAT_VERSION}: build it again with `sparse-knn index`",
+                path.display()
+            );
+        }
+        if size < 16 + TRAILER {
+            return Err(damaged(path, format!("{size} bytes")));
+        }
+        let mut trailer = [0u8; TRAILER as usize];
+        file.seek(SeekFrom::Start(size - TRAILER))
+            .and_then(|_| file.read_exact(&mut trailer))
+            .map_err(|e| io_error(path, "reading", e))?;
+        if &trailer[24..] != END_MAGIC || read_u32(&trailer[20..24]) != FORMAT_VERSION {
+            return Err(damaged(path, "no end marker"));
+        }
+        let (offset, len, crc) = (
+            read_u64(&trailer[..8]),
+            read_u64(&trailer[8..16]),
+            read_u32(&trailer[16..20]),
+        );
+        if offset
+            .checked_add(len)
+            .is_none_or(|end| end > size - TRAILER)
+        {
+            return Err(damaged(path, "the header lies past the end"));
+        }
+        let mut header = vec![0u8; len as usize];
+        file.seek(SeekFrom::Start(offset))
+            .and_then(|_| file.read_exact(&mut header))
+            .map_err(|e| io_error(path, "reading", e))?;
+        if crc32fast::hash(&header) != crc {
+            return Err(damaged(path, "the header's checksum does not match"));
+        }
+        let header: Value =
+            serde_json::from_slice(&header).map_err(|e| damaged(path, format!("header: {e}")))?;
+        let rows = header
+            .get("rows")
+            .and_then(Value::as_u64)
+            .ok_or_else(|| damaged(path, "no row count"))? as usize;
+        let vector_column = header
+            .get("vector_column")
+            .and_then(Value::as_str)
+            .ok_or_else(|| damaged(path, "no vector column"))?
+            .to_string();
+        let data = parse_section(
+            path,
+            header.get("data").ok_or_else(|| damaged(path, "no rows"))?,
+            size,
+        )?;
+        let mut indexes = Vec::new();
+        for entry in header
+            .get("indexes")
+            .and_then(Value::as_array)
+            .ok_or_else(|| damaged(path, "no index list"))?
+        {
+            let metric = parse_metric(path, entry)?;
+            let mut shards = Vec::new();
+            for shard in entry
+                .get("shards")
+                .and_then(Value::as_array)
+                .ok_or_else(|| damaged(path, "an index without shards"))?
+            {
+                let rows = shard
+                    .get("rows")
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| damaged(path, "a shard without its rows"))?;
+                let section = parse_section(
+                    path,
+                    shard
+                        .get("section")
+                        .ok_or_else(|| damaged(path, "a shard without its section"))?,
+                    size,
+                )?;
+                shards.push((rows as usize, section));
+            }
+            if shards.iter().map(|s| s.0).sum::<usize>() != rows {
+                return Err(damaged(path, "an index's shards do not cover the rows"));
+            }
+            indexes.push(StoredIndex { metric, shards });
+        }
+        let schema = read_schema(path, &mut file, &data)?;
+        Ok(IndexFile {
+            path: path.to_path_buf(),
+            header: Header {
+                rows,
+                vector_column,
+                data,
+                indexes,
+            },
+            schema,
+        })
+    }
+
+    /// The rows: the file mapped into memory, the section checked, its batches decoded where
+    /// they lie (no copy).
+    pub(crate) fn read_batches(&self) -> Result<Vec<RecordBatch>> {
+        let path = &self.path;
+        let map = Arc::new(Mmap::map(path)?);
+        let section = self.header.data;
+        let bytes = map.slice(section.offset, section.len);
+        if crc32_parallel(bytes) != section.crc {
+            return Err(damaged(path, "the rows' checksum does not match"));
+        }
+        let owner: Arc<Mmap> = Arc::clone(&map);
+        // SAFETY: the pointer and length lie inside the mapping, which `owner` keeps alive for
+        // as long as any buffer made from it.
+        let buffer = unsafe {
+            Buffer::from_custom_allocation(
+                NonNull::new(bytes.as_ptr() as *mut u8).expect("a mapped address"),
+                bytes.len(),
+                owner,
+            )
+        };
+        decode_ipc(&buffer).map_err(|e| damaged(path, e))
+    }
+
+    /// The CPU index of `stored`, shard by shard, each section checked.
+    pub(crate) fn read_index(&self, stored: &StoredIndex) -> Result<Vec<(usize, CpuIndex)>> {
+        let path = &self.path;
+        let mut shards = Vec::with_capacity(stored.shards.len());
+        for &(rows, section) in &stored.shards {
+            let mut file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
+            file.seek(SeekFrom::Start(section.offset))
+                .map_err(|e| io_error(path, "reading", e))?;
+            let mut reader = CheckedReader {
+                inner: std::io::BufReader::with_capacity(1 << 16, file.take(section.len)),
+                crc: crc32fast::Hasher::new(),
+            };
+            let index = CpuIndex::read_from(&stored.metric, &mut reader, section.len)
+                .map_err(|e| damaged(path, e))?;
+            if reader.crc.finalize() != section.crc {
+                return Err(damaged(path, "an index's checksum does not match"));
+            }
+            if index.rows() != rows {
+                return Err(damaged(path, "an index's rows do not match its shard"));
+            }
+            shards.push((rows, index));
+        }
+        Ok(shards)
+    }
+}
+
+/// Reads through, keeping the CRC-32 of what passed.
+struct CheckedReader<R: Read> {
+    inner: R,
+    crc: crc32fast::Hasher,
+}
+
+impl<R: Read> Read for CheckedReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.crc.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8]) -> std::io::Result<()> {
+        // Large arrays are read straight into place; the checksum runs over them while cached.
+        self.inner.read_exact(buf)?;
+        self.crc.update(buf);
+        Ok(())
+    }
+}
+
+/// The CRC-32 of `bytes`, its pieces hashed on the rayon pool and combined.
+fn crc32_parallel(bytes: &[u8]) -> u32 {
+    use rayon::prelude::*;
+    const PIECE: usize = 64 << 20;
+    if bytes.len() <= PIECE {
+        return crc32fast::hash(bytes);
+    }
+    let parts: Vec<(crc32fast::Hasher, usize)> = bytes
+        .par_chunks(PIECE)
+        .map(|piece| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(piece);
+            (h, piece.len())
+        })
+        .collect();
+    let mut whole = crc32fast::Hasher::new();
+    for (part, _) in parts {
+        whole.combine(&part);
+    }
+    whole.finalize()
+}
+
+/// The schema of the rows' IPC file, read from its footer alone.
+fn read_schema(path: &Path, file: &mut File, data: &Section) -> Result<SchemaRef> {
+    if data.len < 10 {
+        return Err(damaged(path, "the rows' section is too short"));
+    }
+    let mut tail = [0u8; 10];
+    file.seek(SeekFrom::Start(data.offset + data.len - 10))
+        .and_then(|_| file.read_exact(&mut tail))
+        .map_err(|e| io_error(path, "reading", e))?;
+    let footer_len =
+        arrow::ipc::reader::read_footer_length(tail).map_err(|e| damaged(path, e))? as u64;
+    if footer_len + 10 > data.len {
+        return Err(damaged(path, "the rows' footer is longer than its section"));
+    }
+    let mut footer = vec![0u8; footer_len as usize];
+    file.seek(SeekFrom::Start(data.offset + data.len - 10 - footer_len))
+        .and_then(|_| file.read_exact(&mut footer))
+        .map_err(|e| io_error(path, "reading", e))?;
+    let footer = arrow::ipc::root_as_footer(&footer).map_err(|e| damaged(path, e))?;
+    let schema = footer
+        .schema()
+        .ok_or_else(|| damaged(path, "the rows have no schema"))?;
+    Ok(Arc::new(arrow::ipc::convert::fb_to_schema(schema)))
+}
+
+fn decode_ipc(buffer: &Buffer) -> std::result::Result<Vec<RecordBatch>, String> {
+    let len = buffer.len();
+    if len < 10 {
+        return Err("the rows' section is too short".into());
+    }
+    let tail: [u8; 10] = buffer[len - 10..].try_into().expect("10 bytes");
+    let footer_len = arrow::ipc::reader::read_footer_length(tail).map_err(|e| e.to_string())?;
+    if footer_len + 10 > len {
+        return Err("the rows' footer is longer than its section".into());
+    }
+    let footer = arrow::ipc::root_as_footer(&buffer[len - 10 - footer_len..len - 10])
+        .map_err(|e| e.to_string())?;
+    let schema = Arc::new(arrow::ipc::convert::fb_to_schema(
+        footer.schema().ok_or("the rows have no schema")?,
+    ));
+    let mut decoder = FileDecoder::new(schema, footer.version()).with_require_alignment(false);
+    for block in footer.dictionaries().iter().flatten() {
+        let block_len = block.bodyLength() as usize + block.metaDataLength() as usize;
+        let data = slice(buffer, block.offset(), block_len)?;
+        decoder
+            .read_dictionary(block, &data)
+            .map_err(|e| e.to_string())?;
+    }
+    let mut batches = Vec::new();
+    for block in footer.recordBatches().iter().flatten() {
+        let block_len = block.bodyLength() as usize + block.metaDataLength() as usize;
+        let data = slice(buffer, block.offset(), block_len)?;
+        if let Some(batch) = decoder
+            .read_record_batch(block, &data)
+            .map_err(|e| e.to_string())?
+        {
+            batches.push(batch);
+        }
+    }
+    Ok(batches)
+}
+
+fn slice(buffer: &Buffer, offset: i64, len: usize) -> std::result::Result<Buffer, String> {
+    let offset = usize::try_from(offset).map_err(|_| "a negative block offset".to_string())?;
+    if offset.checked_add(len).is_none_or(|end| end > buffer.len()) {
+        return Err("a block past the end of the rows".into());
+    }
+    Ok(buffer.slice_with_length(offset, len))
+}
+
+/// A read-only memory map of a whole file.
+struct Mmap {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: the mapping is read-only and never changed through this handle.
+unsafe impl Send for Mmap {}
+unsafe impl Sync for Mmap {}
+impl std::panic::RefUnwindSafe for Mmap {}
+
+impl Mmap {
+    fn map(path: &Path) -> Result<Self> {
+        use std::os::fd::AsRawFd;
+        let file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| io_error(path, "reading its size", e))?
+            .len() as usize;
+        if len == 0 {
+            return Err(damaged(path, "empty"));
+        }
+        // SAFETY: a private read-only mapping of an open file; checked for failure below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(io_error(
+                path,
+                "mapping into memory",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        // The rows are read front to back once (checksum), then by the probe: ask for read-ahead.
+        // SAFETY: the range is the mapping just made.
+        unsafe { libc::madvise(ptr, len, libc::MADV_WILLNEED) };
+        Ok(Mmap {
+            ptr: NonNull::new(ptr.cast()).expect("mmap returns no null mapping"),
+            len,
+        })
+    }
+
+    fn slice(&self, offset: u64, len: u64) -> &[u8] {
+        let (offset, len) = (offset as usize, len as usize);
+        assert!(
+            offset + len <= self.len,
+            "a section checked against the file size"
+        );
+        // SAFETY: inside the mapping, which lives as long as `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(offset), len) }
+    }
+}
+
+impl Drop for Mmap {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, unmapped once.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}

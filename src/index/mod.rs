@@ -1,0 +1,568 @@
+//! An index that outlives the statement: [`SparseIndex`], a right side read, checked and indexed
+//! once, then probed by many left sides, saved to an index file (`.skidx`, `file.rs`) and opened
+//! again without a rebuild, and registered as a table (`table.rs`) that `knn_join` /
+//! `radius_join` probe through its built index.
+//!
+//! - `file.rs`: the file format (rows as Arrow IPC, memory-mapped; each metric's CPU index as its
+//!   arrays; versioned, every section checksummed).
+//! - `table.rs`: [`IndexTable`], the index as a table, and its scan, which the join's build
+//!   recognises (`planner/exec/build.rs`) to take the built index instead of building one.
+//! - here: the value, the store behind it ([`IndexSource`]: the rows, the metrics served, the
+//!   indexes built or loaded so far, each kept for the next probe).
+
+mod file;
+mod table;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use datafusion::common::{exec_err, plan_err, Result};
+use datafusion::dataframe::DataFrame;
+use datafusion::datasource::provider_as_source;
+use datafusion::logical_expr::LogicalPlanBuilder;
+use datafusion::prelude::SessionContext;
+
+pub use file::FORMAT_VERSION;
+pub(crate) use table::stored_source;
+pub use table::{IndexScanExec, IndexTable};
+
+use crate::cpu::CpuIndex;
+use crate::gpu::{GpuBackend, GpuOptions};
+use crate::join::{
+    join_shards, max_chunk_nnz, split_rows, Backend, Cancel, JoinIndex, PairList, ProbeOptions,
+    Probed, Selection,
+};
+use crate::metric::Metric;
+use crate::options::JoinOptions;
+use crate::planner::{find_vector_column, resolve_device, Device, Side};
+use crate::vector::{SparseBatch, VectorCheck};
+use file::IndexFile;
+
+/// How a join got its index from an [`IndexSource`] (EXPLAIN ANALYZE: `index_loaded` or
+/// `index_built`; one already held counts as reused).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Obtained {
+    Held,
+    Loaded,
+    Built,
+}
+
+/// One index the source holds.
+struct Held {
+    metric: Metric,
+    device: Device,
+    /// The GPU options it was built with (GPU indexes only).
+    gpu: String,
+    index: Arc<dyn JoinIndex>,
+}
+
+/// A right side stored once: its rows (all columns), the metrics its indexes serve, and the
+/// indexes made so far.
+pub struct IndexSource {
+    schema: SchemaRef,
+    vector_column: String,
+    rows: usize,
+    served: Vec<Metric>,
+    /// The index file it was opened from (its rows and indexes are read on first use).
+    file: Option<IndexFile>,
+    batches: OnceLock<Vec<RecordBatch>>,
+    /// The CPU indexes as their shards, kept for saving (built or read from the file).
+    cpu: Mutex<Vec<(Metric, Vec<(usize, Arc<CpuIndex>)>)>>,
+    held: Mutex<Vec<Held>>,
+}
+
+impl std::fmt::Debug for IndexSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IndexSource")
+            .field("rows", &self.rows)
+            .field("vector_column", &self.vector_column)
+            .field("served", &self.served_names())
+            .field("file", &self.file.as_ref().map(|f| &f.path))
+            .finish()
+    }
+}
+
+/// A CPU index shared between the source (which saves it) and the joins that probe it.
+struct SharedCpuIndex(Arc<CpuIndex>);
+
+impl JoinIndex for SharedCpuIndex {
+    fn probe_cancellable(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        self.0.probe_cancellable(left, selection, options, cancel)
+    }
+
+    fn memory_size(&self) -> usize {
+        JoinIndex::memory_size(self.0.as_ref())
+    }
+}
+
+/// The metric's name with the parameters that shape it, as users write them.
+fn describe(metric: &Metric) -> String {
+    let mut text = metric.name().to_string();
+    if metric.kind == crate::metric::MetricKind::Minkowski {
+        text.push_str(&format!(" (p={})", metric.p));
+    }
+    if let Some(dim) = metric.dim {
+        text.push_str(&format!(" (dim={dim})"));
+    }
+    text
+}
+
+/// `metric` with only the parameters that shape its index: `p` for minkowski, `dim` where the
+/// metric needs it (elsewhere `dim` only bounds the indices a join accepts).
+fn shaping(metric: &Metric) -> Metric {
+    let mut m = *metric;
+    if m.kind != crate::metric::MetricKind::Minkowski {
+        m.p = 2.0;
+    }
+    if !m.kind.needs_dim() {
+        m.dim = None;
+    }
+    m
+}
+
+/// The checks every stored row passes: those of every metric served.
+fn vector_check(column: &str, served: &[Metric]) -> VectorCheck {
+    let nonnegative = served
+        .iter()
+        .find(|m| m.kind.needs_nonnegative())
+        .map(|m| m.name());
+    let dim = served.iter().filter_map(|m| m.dim).min();
+    VectorCheck::new(column)
+        .with_dim(dim)
+        .with_nonnegative_for(nonnegative)
+}
+
+impl IndexSource {
+    pub(crate) fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub(crate) fn vector_column(&self) -> &str {
+        &self.vector_column
+    }
+
+    pub(crate) fn path(&self) -> Option<&Path> {
+        self.file.as_ref().map(|f| f.path.as_path())
+    }
+
+    pub(crate) fn served_names(&self) -> Vec<String> {
+        self.served.iter().map(describe).collect()
+    }
+
+    fn what(&self) -> String {
+        match &self.file {
+            Some(f) => format!("index file '{}'", f.path.display()),
+            None => "the index".to_string(),
+        }
+    }
+
+    /// The stored rows, all columns (read from the file, memory-mapped, on first use).
+    pub(crate) fn batches(&self) -> Result<&[RecordBatch]> {
+        if let Some(batches) = self.batches.get() {
+            return Ok(batches);
+        }
+        let file = self
+            .file
+            .as_ref()
+            .expect("a source without rows comes from a file");
+        let batches = file.read_batches()?;
+        let _ = self.batches.set(batches);
+        Ok(self.batches.get().expect("just set"))
+    }
+
+    /// The stored vectors, in pieces of at most `max_chunk_nnz()` entries.
+    fn pieces(&self) -> Result<Vec<SparseBatch>> {
+        let batches = self.batches()?;
+        let column = self.schema.index_of(&self.vector_column)?;
+        let check = vector_check(&self.vector_column, &self.served);
+        let mut pieces = Vec::new();
+        let mut row = 0u64;
+        for batch in batches {
+            pieces.extend(SparseBatch::try_from_array_chunked(
+                batch.column(column).as_ref(),
+                &check.clone().with_first_row(row),
+                max_chunk_nnz(),
+            )?);
+            row += batch.num_rows() as u64;
+        }
+        Ok(pieces)
+    }
+
+    /// The error for a metric this source was not built for.
+    fn check_served(&self, metric: &Metric) -> Result<()> {
+        if self.served.contains(metric) {
+            return Ok(());
+        }
+        exec_err!(
+            "{} was built for {}, not for {}: build an index for it (`sparse-knn index --metric \
+             {}`), or join the source data instead",
+            self.what(),
+            self.served_names().join(", "),
+            describe(metric),
+            metric.name()
+        )
+    }
+
+    /// `metric`'s CPU index as its shards: read from the file, or built from the rows.
+    fn cpu_shards(&self, metric: &Metric) -> Result<(Vec<(usize, Arc<CpuIndex>)>, Obtained)> {
+        let metric = &shaping(metric);
+        let mut cpu = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, shards)) = cpu.iter().find(|(m, _)| m == metric) {
+            return Ok((shards.clone(), Obtained::Held));
+        }
+        let stored = self
+            .file
+            .as_ref()
+            .and_then(|f| Some((f, f.header.indexes.iter().find(|s| &s.metric == metric)?)));
+        let (shards, how) = match stored {
+            Some((file, stored)) => (file.read_index(stored)?, Obtained::Loaded),
+            None => {
+                let chunks = split_rows(self.pieces()?, max_chunk_nnz())?;
+                let shards = chunks
+                    .iter()
+                    .map(|c| (c.len(), CpuIndex::build(c, metric)))
+                    .collect();
+                (shards, Obtained::Built)
+            }
+        };
+        let shards: Vec<(usize, Arc<CpuIndex>)> =
+            shards.into_iter().map(|(r, i)| (r, Arc::new(i))).collect();
+        cpu.push((*metric, shards.clone()));
+        Ok((shards, how))
+    }
+
+    /// The index of `metric` on `device`: held already, loaded from the file, or built from the
+    /// stored rows (a GPU index: the file holds CPU indexes); kept for the next join.
+    pub(crate) fn index_for(
+        &self,
+        metric: &Metric,
+        device: Device,
+        gpu: &GpuOptions,
+    ) -> Result<(Arc<dyn JoinIndex>, Obtained)> {
+        let metric = &shaping(metric);
+        self.check_served(metric)?;
+        let gpu_shape = match device {
+            Device::Cpu => String::new(),
+            Device::Gpu => format!("{gpu:?}"),
+        };
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(h) = held
+            .iter()
+            .find(|h| &h.metric == metric && h.device == device && h.gpu == gpu_shape)
+        {
+            return Ok((Arc::clone(&h.index), Obtained::Held));
+        }
+        let similarity = metric.kind.is_similarity();
+        let (index, how): (Arc<dyn JoinIndex>, Obtained) = match device {
+            Device::Cpu => {
+                let (shards, how) = self.cpu_shards(metric)?;
+                let boxed = shards
+                    .into_iter()
+                    .map(|(rows, i)| (rows, Box::new(SharedCpuIndex(i)) as Box<dyn JoinIndex>))
+                    .collect();
+                (Arc::from(join_shards(boxed, similarity, false)?), how)
+            }
+            Device::Gpu => {
+                let backend = GpuBackend {
+                    options: gpu.clone(),
+                };
+                backend.warm_up(metric);
+                let index = backend.build_pieces(self.pieces()?, metric)?;
+                (Arc::from(index), Obtained::Built)
+            }
+        };
+        held.push(Held {
+            metric: *metric,
+            device,
+            gpu: gpu_shape,
+            index: Arc::clone(&index),
+        });
+        Ok((index, how))
+    }
+}
+
+/// A right side indexed once and probed many times (see the module's documentation).
+///
+/// ```no_run
+/// # async fn demo() -> datafusion::common::Result<()> {
+/// use datafusion_sparse_knn::index::SparseIndex;
+/// let ctx = datafusion_sparse_knn::session_context();
+/// let corpus = ctx.read_parquet("data/kos_bow.parquet", Default::default()).await?;
+/// let index = SparseIndex::build(corpus, &["cosine"], "").await?;
+/// index.save("kos.skidx")?;
+/// let queries = ctx.sql("SELECT * FROM 'data/kos_bow.parquet' LIMIT 3").await?;
+/// let neighbours = index.knn(queries, 5, "")?.collect().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SparseIndex {
+    source: Arc<IndexSource>,
+    device: Device,
+    gpu: GpuOptions,
+}
+
+impl SparseIndex {
+    /// Reads `right` (every column), checks its vector column (the one sparse vector column, or
+    /// `right_column=` in `options`) and builds its index for each of `metrics` (at least one)
+    /// on the `device` of `options` (default: the session's, `auto`). `options` is the SQL
+    /// options string: `p`, `dim`, `device`, `gpus`, `right_column`, ...
+    pub async fn build(right: DataFrame, metrics: &[&str], options: &str) -> Result<Self> {
+        let base = crate::planner::session_options(right.task_ctx().session_config().options())?;
+        let options = base.apply(options)?;
+        let schema = Arc::new(right.schema().as_arrow().clone());
+        let batches = right.collect().await?;
+        Self::from_batches(schema, batches, metrics, &options)
+    }
+
+    /// [`SparseIndex::build`] over batches in memory.
+    pub fn from_batches(
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+        metrics: &[&str],
+        options: &JoinOptions,
+    ) -> Result<Self> {
+        if metrics.is_empty() {
+            return plan_err!("an index needs at least one metric");
+        }
+        let mut served: Vec<Metric> = Vec::new();
+        for name in metrics {
+            let metric = shaping(&options.metric(name)?);
+            if !served.contains(&metric) {
+                served.push(metric);
+            }
+        }
+        let column = find_vector_column(
+            "index",
+            Side::Right,
+            &schema,
+            options.right_column.as_deref(),
+        )?;
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        if rows > u32::MAX as usize {
+            return exec_err!("an index holds at most {} rows, not {rows}", u32::MAX);
+        }
+        let device = resolve_device("index", options.device)?;
+        let gpu = GpuOptions {
+            memory_limit: options.gpu_memory_limit,
+            gpus: options.gpus.clone(),
+            dense_columns: options.dense_columns,
+        };
+        let source = Arc::new(IndexSource {
+            vector_column: schema.field(column).name().clone(),
+            schema,
+            rows,
+            served,
+            file: None,
+            batches: OnceLock::new(),
+            cpu: Mutex::new(Vec::new()),
+            held: Mutex::new(Vec::new()),
+        });
+        let _ = source.batches.set(batches);
+        // Every row is checked now, whatever the device, so that a bad row is an error here.
+        source.pieces()?;
+        let index = SparseIndex {
+            source,
+            device,
+            gpu,
+        };
+        for metric in &index.source.served {
+            index.source.index_for(metric, device, &index.gpu)?;
+        }
+        Ok(index)
+    }
+
+    /// Opens an index file; its rows and indexes are read (memory-mapped, not rebuilt) when
+    /// first probed. Joins run on the CPU unless `options` says otherwise (`device=gpu`).
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, &JoinOptions::default())
+    }
+
+    /// [`SparseIndex::open`] with the options that choose where it is probed.
+    pub fn open_with(path: impl AsRef<Path>, options: &JoinOptions) -> Result<Self> {
+        let source = Arc::new(IndexSource::open(path.as_ref())?);
+        let device = match options.device {
+            crate::options::DeviceChoice::Auto => Device::Cpu,
+            choice => resolve_device("index", choice)?,
+        };
+        Ok(SparseIndex {
+            source,
+            device,
+            gpu: GpuOptions {
+                memory_limit: options.gpu_memory_limit,
+                gpus: options.gpus.clone(),
+                dense_columns: options.dense_columns,
+            },
+        })
+    }
+
+    /// Writes the index file: the rows (all columns) and the CPU index of every metric served
+    /// (built now for an index held only on a GPU). An existing file is replaced whole.
+    pub fn save(&self, path: impl AsRef<Path>) -> Result<u64> {
+        let source = &self.source;
+        let mut indexes = Vec::new();
+        for metric in &source.served {
+            indexes.push((*metric, source.cpu_shards(metric)?.0));
+        }
+        file::write(
+            path.as_ref(),
+            &source.schema,
+            source.batches()?,
+            &source.vector_column,
+            &indexes,
+        )
+    }
+
+    /// Rows indexed.
+    pub fn rows(&self) -> usize {
+        self.source.rows
+    }
+
+    /// The metrics it serves, the first being the one [`SparseIndex::probe`] uses.
+    pub fn metrics(&self) -> &[Metric] {
+        &self.source.served
+    }
+
+    /// The stored rows' schema (every column of the input).
+    pub fn schema(&self) -> SchemaRef {
+        Arc::clone(&self.source.schema)
+    }
+
+    /// The index file it was opened from, if any.
+    pub fn path(&self) -> Option<PathBuf> {
+        self.source.path().map(Path::to_path_buf)
+    }
+
+    /// Where it is probed.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// The pairs of `left`'s rows against the index under its first metric, with no DataFusion
+    /// plan in between: left row (within `left`), right row (stored order), distance.
+    pub fn probe(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> Result<PairList> {
+        self.probe_metric(&self.source.served[0], left, selection, options)
+    }
+
+    /// [`SparseIndex::probe`] under one of the metrics served.
+    pub fn probe_metric(
+        &self,
+        metric: &Metric,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> Result<PairList> {
+        let (index, _) = self.source.index_for(metric, self.device, &self.gpu)?;
+        Ok(index.probe(left, selection, options)?.into_pairs())
+    }
+
+    /// The index as a table: register it (`ctx.register_table("corpus", index.table())`) and
+    /// `knn_join(q, corpus, ...)` probes this index instead of building one; a plain `SELECT`
+    /// reads its rows.
+    pub fn table(&self) -> Arc<IndexTable> {
+        Arc::new(IndexTable::new(Arc::clone(&self.source)))
+    }
+
+    /// The index's rows as a DataFrame of `ctx`.
+    pub fn dataframe(&self, ctx: &SessionContext) -> Result<DataFrame> {
+        Ok(DataFrame::new(ctx.state(), self.scan_plan()?))
+    }
+
+    /// The options that select this index's metric, device and vector column, before `options`.
+    fn join_options(&self, metric: &Metric, options: &str) -> String {
+        let mut text = format!(
+            "device={}, right_column={}",
+            self.device, self.source.vector_column
+        );
+        if metric.kind == crate::metric::MetricKind::Minkowski {
+            text.push_str(&format!(", p={}", metric.p));
+        }
+        if let Some(dim) = metric.dim {
+            text.push_str(&format!(", dim={dim}"));
+        }
+        if !options.trim().is_empty() {
+            text.push_str(", ");
+            text.push_str(options);
+        }
+        text
+    }
+
+    /// For every row of `left`, its `k` nearest rows of the index under its first metric: the
+    /// DataFrame `knn_join` gives (`query_*`, `neighbor_*`, `distance`, `rank`).
+    pub fn knn(&self, left: DataFrame, k: usize, options: &str) -> Result<DataFrame> {
+        let metric = self.source.served[0];
+        let (state, plan) = left.into_parts();
+        let right = DataFrame::new(state.clone(), self.scan_plan()?);
+        let left = DataFrame::new(state, plan);
+        crate::planner::knn_join(
+            left,
+            right,
+            metric.name(),
+            k,
+            &self.join_options(&metric, options),
+        )
+    }
+
+    /// Every pair of a row of `left` and a row of the index within `radius`.
+    pub fn radius(&self, left: DataFrame, radius: f64, options: &str) -> Result<DataFrame> {
+        let metric = self.source.served[0];
+        let (state, plan) = left.into_parts();
+        let right = DataFrame::new(state.clone(), self.scan_plan()?);
+        let left = DataFrame::new(state, plan);
+        crate::planner::radius_join(
+            left,
+            right,
+            metric.name(),
+            radius,
+            &self.join_options(&metric, options),
+        )
+    }
+
+    fn scan_plan(&self) -> Result<datafusion::logical_expr::LogicalPlan> {
+        LogicalPlanBuilder::scan("sparse_index", provider_as_source(self.table()), None)?.build()
+    }
+}
+
+impl IndexSource {
+    /// A source over an index file, its header checked.
+    pub(crate) fn open(path: &Path) -> Result<Self> {
+        let file = IndexFile::open(path)?;
+        let served = file
+            .header
+            .indexes
+            .iter()
+            .map(|s| shaping(&s.metric))
+            .collect();
+        Ok(IndexSource {
+            schema: Arc::clone(&file.schema),
+            vector_column: file.header.vector_column.clone(),
+            rows: file.header.rows,
+            served,
+            file: Some(file),
+            batches: OnceLock::new(),
+            cpu: Mutex::new(Vec::new()),
+            held: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+/// Whether `path` names an index file (by its extension).
+pub fn is_index_path(path: &str) -> bool {
+    path.to_ascii_lowercase().ends_with(".skidx")
+}
