@@ -115,7 +115,7 @@ fn a_damaged_file_is_rejected() {
     let cache = KernelCache::at(dir.path());
     assert!(cache.store("dot", &k, &cubin));
     let path = cache.path("dot", &k);
-    std::fs::write(&path, &whole[..whole.len() - 3]).unwrap();
+    std::fs::write(path, &whole[..whole.len() - 3]).unwrap();
     let before = cache::stats().rejected;
     assert_eq!(cache.load("dot", &k), None);
     assert!(cache::stats().rejected > before);
@@ -369,7 +369,7 @@ fn a_module_from_the_cache_gives_the_answers_of_a_compiled_one() {
             "{tag}: {:.2} s, cache hits misses rejected stored: {counts}",
             started.elapsed().as_secs_f64()
         );
-        (std::fs::read_to_string(&out).unwrap(), counts)
+        (std::fs::read_to_string(out).unwrap(), counts)
     };
     let (compiled, counts) = run(&folder, "cold");
     assert_eq!(counts, "0 3 0 3");
