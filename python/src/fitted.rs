@@ -2,23 +2,22 @@
 //! DataFusion plan, for the estimator `NearestNeighbors`, `KNeighborsTransformer`, the graphs and
 //! `pairwise_distances`.
 //!
-//! The built side is a [`Built`]: the backend's [`JoinIndex`] over the fitted rows, the value
-//! `knn_join` builds for its right side. Probes are cut into the planner's probe size; results
-//! are written straight into `bytearray`s that the package wraps as numpy arrays (no copy).
+//! The built side is the crate's [`SparseIndex`] (`src/index`): the fitted rows read, checked
+//! and indexed once (on the CPU or a GPU), probed without a plan, saved to and opened from
+//! index files (`.skidx`). Probes are cut into the planner's probe size; results come back as
+//! `bytearray`s that the package wraps as numpy arrays (no copy).
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, Int64Array, RecordBatch};
 use arrow::buffer::Buffer;
-use arrow::datatypes::ArrowNativeType;
+use arrow::datatypes::{ArrowNativeType, DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_err, Result};
-use datafusion_sparse_knn::cpu::CpuBackend;
-use datafusion_sparse_knn::gpu::{GpuBackend, GpuOptions};
-use datafusion_sparse_knn::join::{
-    max_chunk_nnz, Backend, JoinIndex, PairList, ProbeOptions, Selection,
-};
+use datafusion::prelude::SessionContext;
+use datafusion_sparse_knn::index::SparseIndex;
+use datafusion_sparse_knn::join::{max_chunk_nnz, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::options::{ExcludeSelf, JoinOptions};
-use datafusion_sparse_knn::planner::{find_vector_column, resolve_device, Device, Side};
+use datafusion_sparse_knn::planner::{find_vector_column, Device, Side};
 use datafusion_sparse_knn::vector::VectorCheck;
 use datafusion_sparse_knn::{Metric, SparseBatch};
 use pyo3::exceptions::PyValueError;
@@ -34,43 +33,24 @@ use crate::{runtime, value_error};
 const PROBE_ROWS: usize = 64 * 1024;
 
 /// Pairs per probe of `pairwise_distances` (16 bytes each while they live): every pair of a
-/// block of left rows is kept, so the block is cut by rows × right rows.
-const PAIRWISE_BLOCK_PAIRS: usize = 1 << 22;
+/// block of left rows is kept, so the block is cut by rows × right rows. 256K pairs (4 MB)
+/// stay in the caches and the allocator reuses their memory: news20, 1,000 × 4,275 cosine,
+/// took 0.124 s in blocks of 4M pairs (fresh pages each) and ASK s in these.
+const PAIRWISE_BLOCK_PAIRS: usize = 1 << 18;
 
-/// The right side as built for probing.
+/// The right side as built for probing: the crate's index value.
 struct Built {
-    index: Box<dyn JoinIndex>,
+    index: SparseIndex,
 }
 
 impl Built {
-    fn build(
-        pieces: Vec<SparseBatch>,
-        metric: &Metric,
-        device: Device,
-        options: &JoinOptions,
-    ) -> Result<Self> {
-        let backend: Box<dyn Backend> = match device {
-            Device::Cpu => Box::new(CpuBackend),
-            Device::Gpu => Box::new(GpuBackend {
-                options: GpuOptions {
-                    memory_limit: options.gpu_memory_limit,
-                    gpus: options.gpus.clone(),
-                    dense_columns: options.dense_columns,
-                },
-            }),
-        };
-        Ok(Self {
-            index: backend.build_pieces(pieces, metric)?,
-        })
-    }
-
     fn probe(
         &self,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
     ) -> Result<PairList> {
-        Ok(self.index.probe(left, selection, options)?.into_pairs())
+        self.index.probe(left, selection, options)
     }
 }
 
@@ -108,10 +88,34 @@ fn pieces(
     side: Side,
     column: Option<&str>,
 ) -> PyResult<Vec<SparseBatch>> {
-    let check = check(metric, what);
     if let Ok(csr) = rows.cast::<Csr>() {
         let csr = csr.get();
+        let check = check(metric, what);
         return py.detach(|| csr.pieces(&check)).map_err(value_error);
+    }
+    let (schema, batches) = batches_of(py, rows, what)?;
+    py.detach(|| convert(&schema, &batches, metric, what, side, column))
+        .map_err(value_error)
+}
+
+/// `rows` as record batches: a [`Csr`] as one column `vector`, a [`Source`] read whole.
+fn batches_of(
+    py: Python<'_>,
+    rows: &Bound<'_, PyAny>,
+    what: &str,
+) -> PyResult<(SchemaRef, Vec<RecordBatch>)> {
+    if let Ok(csr) = rows.cast::<Csr>() {
+        // `row` (the row position) beside the vectors, as a matrix has it everywhere in the
+        // package: an index file saved from here names its rows in a join's output.
+        let vectors = Arc::clone(&csr.get().vectors);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("row", DataType::Int64, false),
+            Field::new("vector", vectors.data_type().clone(), false),
+        ]));
+        let rows = Arc::new(Int64Array::from_iter_values(0..vectors.len() as i64));
+        let batch = RecordBatch::try_new(Arc::clone(&schema), vec![rows, vectors])
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        return Ok((schema, vec![batch]));
     }
     let Ok(source) = rows.cast::<Source>() else {
         return Err(PyValueError::new_err(format!(
@@ -120,30 +124,32 @@ fn pieces(
         )));
     };
     let input = source.get().input.clone();
-    py.detach(|| {
-        runtime().block_on(async {
-            let (schema, batches) = read_all(&input).await?;
-            let vector = find_vector_column(what, side, &schema, column)?;
-            let name = schema.field(vector).name().clone();
-            let mut out = Vec::new();
-            let mut row = 0u64;
-            for batch in &batches {
-                let check = check.clone().with_first_row(row);
-                let check = VectorCheck {
-                    column: name.clone(),
-                    ..check
-                };
-                out.extend(SparseBatch::try_from_array_chunked(
-                    batch.column(vector).as_ref(),
-                    &check,
-                    max_chunk_nnz(),
-                )?);
-                row += RecordBatch::num_rows(batch) as u64;
-            }
-            Ok(out)
-        })
-    })
-    .map_err(value_error)
+    py.detach(|| runtime().block_on(read_all(&input)))
+        .map_err(value_error)
+}
+
+/// The vector column of `batches` converted and checked for `metric`, in pieces.
+fn convert(
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    metric: &Metric,
+    what: &str,
+    side: Side,
+    column: Option<&str>,
+) -> Result<Vec<SparseBatch>> {
+    let vector = find_vector_column(what, side, schema, column)?;
+    let check = check(metric, schema.field(vector).name());
+    let mut out = Vec::new();
+    let mut row = 0u64;
+    for batch in batches {
+        out.extend(SparseBatch::try_from_array_chunked(
+            batch.column(vector).as_ref(),
+            &check.clone().with_first_row(row),
+            max_chunk_nnz(),
+        )?);
+        row += batch.num_rows() as u64;
+    }
+    Ok(out)
 }
 
 /// Runs of at most `most` rows over `pieces`: (the run's first row overall, the run).
@@ -170,20 +176,25 @@ impl Fitted {
         }
     }
 
-    /// Every probe of `query` with `selection`, `visit(first row of the run, its pairs)` in row
+    /// Every probe of `query` with `selection`, `visit(first row of the run, its rows, its
+    /// pairs)` in row
     /// order; runs of at most `most` rows.
     fn probe_runs(
         &self,
         query: &Query,
         selection: Selection,
         most: usize,
-        mut visit: impl FnMut(usize, PairList) -> Result<()>,
+        mut visit: impl FnMut(usize, usize, PairList) -> Result<()>,
     ) -> Result<()> {
         for (first, run) in runs(self.query_rows(query), most) {
             let options = ProbeOptions {
                 exclude_self_from: matches!(query, Query::Fitted).then_some(first as i64),
             };
-            visit(first, self.built.probe(&run, selection, options)?)?;
+            visit(
+                first,
+                run.len(),
+                self.built.probe(&run, selection, options)?,
+            )?;
         }
         Ok(())
     }
@@ -206,6 +217,35 @@ fn put_f64(out: &mut [u8], slot: usize, value: f64) {
 /// array without a copy.
 fn bytes<T: ArrowNativeType>(py: Python<'_>, values: Vec<T>) -> Bound<'_, PyByteArray> {
     PyByteArray::new(py, Buffer::from_vec(values).as_slice())
+}
+
+/// One block of `pairwise`'s output (its rows × `m`, row-major) from its probe's pairs: copied
+/// in one pass when they are every pair in row-major order (what a CPU probe within an
+/// infinite radius gives), else placed one by one, a pair left out (a NULL vector) reading NaN.
+fn put_block(region: &mut [u8], m: usize, pairs: &PairList) {
+    let complete = pairs.len() * 8 == region.len()
+        && (0..pairs.len() / m.max(1)).all(|row| {
+            let at = row * m;
+            pairs.left[at..at + m].iter().all(|&l| l as usize == row)
+                && pairs.right[at..at + m]
+                    .iter()
+                    .enumerate()
+                    .all(|(c, &r)| r as usize == c)
+        });
+    if complete {
+        for (slot, d) in region.chunks_exact_mut(8).zip(&pairs.distance) {
+            slot.copy_from_slice(&d.to_ne_bytes());
+        }
+        return;
+    }
+    fill_f64(region, f64::NAN);
+    for i in 0..pairs.len() {
+        put_f64(
+            region,
+            pairs.left[i] as usize * m + pairs.right[i] as usize,
+            pairs.distance[i],
+        );
+    }
 }
 
 fn fill_f64(out: &mut [u8], value: f64) {
@@ -233,41 +273,58 @@ impl FittedIndex {
                  each fitted row's own pair out, as scikit-learn does",
             ));
         }
-        let metric = opts.metric(metric).map_err(value_error)?;
-        let device = resolve_device("NearestNeighbors.fit", opts.device).map_err(value_error)?;
-        let pieces = pieces(
-            py,
-            rows,
-            &metric,
-            "Y",
-            Side::Right,
-            opts.right_column.as_deref(),
-        )?;
+        let name = metric;
+        let metric = opts.metric(name).map_err(value_error)?;
+        let (schema, batches) = batches_of(py, rows, "Y")?;
+        let column = opts.right_column.as_deref();
+        let pieces = py
+            .detach(|| convert(&schema, &batches, &metric, "Y", Side::Right, column))
+            .map_err(value_error)?;
         let n_rows = rows_of(&pieces);
         if n_rows == 0 {
             return Err(PyValueError::new_err(
                 "NearestNeighbors.fit: found array with 0 sample(s); at least 1 is required",
             ));
         }
-        if n_rows > u32::MAX as usize {
-            return Err(PyValueError::new_err(format!(
-                "NearestNeighbors.fit: {n_rows} rows; at most {} are supported",
-                u32::MAX
-            )));
-        }
-        let built = py
-            .detach(|| Built::build(pieces.clone(), &metric, device, &opts))
+        let index = py
+            .detach(|| SparseIndex::from_batches(schema, batches, &[name], &opts))
             .map_err(value_error)?;
-        Ok(Self {
-            inner: Arc::new(Fitted {
-                built,
-                metric,
-                device,
-                rows: pieces,
-                n_rows,
-                query_column: opts.left_column.clone(),
-            }),
-        })
+        Ok(Self::new(index, metric, pieces, opts.left_column.clone()))
+    }
+
+    /// Opens an index file (`.skidx`, from `save` or `sparse-knn index`): nothing is rebuilt.
+    /// `options`: where to probe it (`device=`, default the CPU) and `left_column`.
+    #[staticmethod]
+    #[pyo3(signature = (path, options))]
+    fn load(py: Python<'_>, path: &str, options: &str) -> PyResult<Self> {
+        let opts = JoinOptions::default().apply(options).map_err(value_error)?;
+        let path = path.to_string();
+        let (index, pieces) = py
+            .detach(|| {
+                let index = SparseIndex::open_with(&path, &opts)?;
+                let metric = index.metrics()[0];
+                // The stored rows, converted once: kneighbors(X=None) probes them.
+                let ctx = SessionContext::new();
+                let batches = runtime().block_on(index.dataframe(&ctx)?.collect())?;
+                let schema = index.schema();
+                let pieces = convert(&schema, &batches, &metric, "rows", Side::Right, None)?;
+                Ok((index, pieces))
+            })
+            .map_err(value_error)?;
+        let metric = index.metrics()[0];
+        Ok(Self::new(index, metric, pieces, opts.left_column.clone()))
+    }
+
+    /// Writes the index file: the fitted rows and their index; returns the bytes written.
+    fn save(&self, py: Python<'_>, path: &str) -> PyResult<u64> {
+        let index = &self.inner.built.index;
+        py.detach(|| index.save(path)).map_err(value_error)
+    }
+
+    /// The metric's `p` (minkowski) and `dim`, as the index was built with them.
+    #[getter]
+    fn params(&self) -> (f64, Option<u64>) {
+        (self.inner.metric.p, self.inner.metric.dim)
     }
 
     /// Rows fitted.
@@ -327,24 +384,29 @@ impl FittedIndex {
         let mut distances = vec![f64::NAN; n * k];
         let mut indices = vec![-1i64; n * k];
         py.detach(|| {
-            fitted.probe_runs(&query, Selection::Nearest(k), PROBE_ROWS, |first, pairs| {
-                let mut previous = u32::MAX;
-                let mut rank = 0usize;
-                for i in 0..pairs.len() {
-                    let left = pairs.left[i];
-                    rank = if left == previous { rank + 1 } else { 0 };
-                    previous = left;
-                    if rank >= k {
-                        return exec_err!(
-                            "a probe returned more than k = {k} pairs for row {left}"
-                        );
+            fitted.probe_runs(
+                &query,
+                Selection::Nearest(k),
+                PROBE_ROWS,
+                |first, _, pairs| {
+                    let mut previous = u32::MAX;
+                    let mut rank = 0usize;
+                    for i in 0..pairs.len() {
+                        let left = pairs.left[i];
+                        rank = if left == previous { rank + 1 } else { 0 };
+                        previous = left;
+                        if rank >= k {
+                            return exec_err!(
+                                "a probe returned more than k = {k} pairs for row {left}"
+                            );
+                        }
+                        let slot = (first + left as usize) * k + rank;
+                        distances[slot] = pairs.distance[i];
+                        indices[slot] = pairs.right[i] as i64;
                     }
-                    let slot = (first + left as usize) * k + rank;
-                    distances[slot] = pairs.distance[i];
-                    indices[slot] = pairs.right[i] as i64;
-                }
-                Ok(())
-            })
+                    Ok(())
+                },
+            )
         })
         .map_err(value_error)?;
         let distances = bytes(py, distances);
@@ -383,7 +445,7 @@ impl FittedIndex {
                 &query,
                 Selection::Within(radius),
                 PROBE_ROWS,
-                |first, pairs| {
+                |first, _, pairs| {
                     let mut start = 0;
                     while start < pairs.len() {
                         let left = pairs.left[start];
@@ -449,18 +511,13 @@ impl FittedIndex {
         let block = (PAIRWISE_BLOCK_PAIRS / m.max(1)).clamp(1, PROBE_ROWS);
         let out = PyByteArray::new_with(py, bytes, |out: &mut [u8]| {
             py.detach(|| {
-                // A pair a probe leaves out (a NULL vector) reads NaN.
-                fill_f64(out, f64::NAN);
                 fitted.probe_runs(
                     &query,
                     Selection::Within(everything),
                     block,
-                    |first, pairs| {
-                        for i in 0..pairs.len() {
-                            let slot =
-                                (first + pairs.left[i] as usize) * m + pairs.right[i] as usize;
-                            put_f64(out, slot, pairs.distance[i]);
-                        }
+                    |first, rows, pairs| {
+                        let region = &mut out[first * m * 8..(first + rows) * m * 8];
+                        put_block(region, m, &pairs);
                         Ok(())
                     },
                 )
@@ -472,6 +529,24 @@ impl FittedIndex {
 }
 
 impl FittedIndex {
+    fn new(
+        index: SparseIndex,
+        metric: Metric,
+        rows: Vec<SparseBatch>,
+        query_column: Option<String>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Fitted {
+                device: index.device(),
+                n_rows: index.rows(),
+                built: Built { index },
+                metric,
+                rows,
+                query_column,
+            }),
+        }
+    }
+
     fn query(&self, py: Python<'_>, rows: Option<&Bound<'_, PyAny>>) -> PyResult<Query> {
         let fitted = &self.inner;
         match rows {

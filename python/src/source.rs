@@ -108,6 +108,10 @@ pub(crate) async fn frame(ctx: &SessionContext, input: &Input) -> Result<DataFra
             if !std::path::Path::new(path).exists() {
                 return plan_err!("'{path}' is not an existing Parquet file or folder");
             }
+            if datafusion_sparse_knn::index::is_index_path(path) {
+                // An index file: its rows, and, as a join's right side, its stored index.
+                return datafusion_sparse_knn::index::SparseIndex::open(path)?.dataframe(ctx);
+            }
             ctx.read_parquet(path.as_str(), parquet_options(path)).await
         }
     }

@@ -340,3 +340,26 @@ def test_scanpy_neighbors_with_our_transformer(pbmc):
         assert np.array_equal((a != 0).toarray(), (b != 0).toarray()), key
         # ... with the same weights.
         np.testing.assert_allclose(a.toarray(), b.toarray(), rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def test_save_and_load_an_index_file(kos, tmp_path):
+    nn = knn.NearestNeighbors(n_neighbors=5, metric="minkowski", p=3).fit(kos)
+    path = tmp_path / "kos.skidx"
+    assert nn.save(path) == path.stat().st_size > 0
+    loaded = knn.NearestNeighbors.load(path, n_neighbors=5)
+    assert loaded.metric == "minkowski" and loaded.p == 3 and loaded.n_samples_fit_ == kos.shape[0]
+    for query in (kos[:20], None):
+        d, i = loaded.kneighbors(query)
+        want_d, want_i = nn.kneighbors(query)
+        assert np.array_equal(i, want_i) and np.array_equal(d, want_d)
+    g = loaded.radius_neighbors_graph(kos[:10], radius=40.0, mode="distance")
+    assert (g != nn.radius_neighbors_graph(kos[:10], radius=40.0, mode="distance")).nnz == 0
+    # A damaged file is an error naming it, never a wrong answer.
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (tmp_path / "bad.skidx").write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="bad.skidx"):
+        knn.NearestNeighbors.load(tmp_path / "bad.skidx").kneighbors(kos[:2])
+    # The file is a right input of the one-shot knn_join too (its stored index is probed).
+    table = knn.knn_join(kos[:3], str(path), "minkowski", 5, p=3).sort_by([("query_row", "ascending"), ("rank", "ascending")])
+    assert table.column("neighbor_row").to_pylist() == nn.kneighbors(kos[:3])[1].ravel().tolist()

@@ -269,23 +269,34 @@ class NearestNeighbors(_Base):
 
     # -- index files -----------------------------------------------------------------------
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes the fitted index to an index file (``.skidx``)."""
-        self._fitted()
-        msg = (
-            "NearestNeighbors.save needs the crate's index files (SparseIndex), which this build "
-            "does not have yet; fit again instead"
-        )
-        raise NotImplementedError(msg)
+    def save(self, path: str | os.PathLike) -> int:
+        """Writes the fitted index to an index file (``.skidx``): the fitted rows and their
+        index, versioned and checksummed. Returns the bytes written. ``NearestNeighbors.load``
+        (or a ``knn_join`` whose right input is the path) opens it without a rebuild."""
+        return self._fitted().save(os.fspath(path))
 
     @classmethod
     def load(cls, path: str | os.PathLike, **params: Any) -> NearestNeighbors:
-        """A fitted estimator over an index file written by ``save`` (or ``sparse-knn index``)."""
-        msg = (
-            "NearestNeighbors.load needs the crate's index files (SparseIndex), which this build "
-            "does not have yet"
-        )
-        raise NotImplementedError(msg)
+        """A fitted estimator over an index file (from ``save`` or ``sparse-knn index``),
+        nothing rebuilt. ``params`` are the estimator's (``n_neighbors``, ``radius``,
+        ``device``, ``left_column``, ...); the metric and its ``p`` / ``dim`` are the file's
+        (its first metric). ``device`` defaults to the CPU here."""
+        nn = cls(**params)
+        options = {k: getattr(nn, k) for k in ("device", "gpu_memory_limit", "gpus", "dense_columns", "left_column")}
+        text = ", ".join(f"{k}={_option_text(k, v)}" for k, v in options.items() if v is not None)
+        nn._index = FittedIndex.load(os.fspath(path), text)
+        nn._fit_X = None
+        nn.metric = nn._index.metric
+        p, dim = nn._index.params
+        if nn.metric == "minkowski":
+            nn.p = p
+        if dim is not None:
+            nn.dim = dim
+            nn.n_features_in_ = int(dim)
+        nn.n_samples_fit_ = nn._index.n_rows
+        nn.effective_metric_ = nn._index.metric
+        nn.device_ = nn._index.device
+        return nn
 
 
 def _check_mode(mode: str) -> None:
