@@ -440,6 +440,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
     u32* seg_rank = seg_off + B;
     unsigned short* seg_map = (unsigned short*)(seg_rank + B);
     __shared__ u32 warp_sums[32];
+    // Each segment's left value's lift (`MetricDef::lift`), for a lifted metric's pairs.
+    __shared__ double seg_lift[MetricDef::LIFTED ? FOLDED_THREADS : 1];
     __shared__ double red[32];
     __shared__ int s_count;
     __shared__ u64 s_tau_key;
@@ -542,6 +544,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                 u32 total;
                 u32 off = block_exclusive_scan(len, warp_sums, &total);
                 seg_walk[threadIdx.x] = make_uint2(sstart - off, __float_as_uint(x));
+                if (MetricDef::LIFTED && !MAXRED)
+                    seg_lift[threadIdx.x] = x != 0.0f ? MetricDef::lift((double)x, prm) : 0.0;
                 seg_off[threadIdx.x] = off;
                 if (MAXRED) seg_rank[threadIdx.x] = rank;  // only a max reads the ranks
                 __syncthreads();
@@ -564,8 +568,14 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                         if (rx < 32) atomicOr(ranks, 1u << rx);
                         if (ry < 32) atomicOr(ranks + 1, 1u << ry);
                     } else {
-                        bool fits = fixed_add(&acc0[j], MetricDef::pair0(x, y, prm), scale0, cbits);
-                        if (TWO) fits &= fixed_add(&acc1[j], MetricDef::pair1(x, y, prm), scale1);
+                        // (the left value's lift, computed once for its segment: the same bits
+                        // `pair0` computes in place)
+                        const double lx = MetricDef::LIFTED ? seg_lift[lo] : 0.0;
+                        bool fits = fixed_add(&acc0[j], MetricDef::pair0_lifted(x, lx, y, prm),
+                                              scale0, cbits);
+                        if (TWO)
+                            fits &= fixed_add(&acc1[j], MetricDef::pair1_lifted(x, lx, y, prm),
+                                              scale1);
                         if (!fits) *a.overflow = 1u;
                     }
                 };
