@@ -6,26 +6,26 @@
 //! `E = 2(n + 8)·ε·G·(|acc| + 3(L + R))` (n terms summed, each term, total and pair evaluated
 //! within a few ulps of its parts, whose sum is at most |acc| + 2(L + R) by the union identity; G
 //! is the metric's `ROUNDING_GROWTH`, above 1 where a lifted pair's parts can exceed that), so the
-//! true sum lies in `[v − E, v + E]` for the folded value v. A right row whose lower end is above
-//! the k-th smallest upper end (or, for a radius, whose lower end is outside the radius) cannot be
-//! in the answer; every other row is a candidate whose union sum is computed exactly by merging
-//! the two sorted rows. The answer is the exact one whatever the data: with well separated
-//! neighbours a handful of candidates per left row, with large equal values more. Candidates go
-//! through `metric::union_distance`, the function the GPU's exact step uses, over the rows' own
-//! indices: the same bits whatever the index holds (one shard of the right side or all of it).
-//! A candidate that shares no column with the left row gets those bits from the two rows'
-//! one-sided sums (`metric::disjoint_distance`) without the walk: on raw counts, thousands of
-//! short right rows tie at the k-th distance their totals give, and walking each with a
-//! logarithm per entry (jensenshannon) cost more than the folded pass.
+//! true sum lies in `[v − E, v + E]` for the folded value v. Minkowski's folded pass is
+//! `minkowski.rs`'s (loops compiled per power); for a p other than 1 to 4 its pairs come from a
+//! fast pow whose relative error `POW_ERROR` widens E by `POW_ERROR·(|acc| + 3(L + R))`. A right
+//! row whose lower end is above the k-th smallest upper end (or, for a radius, whose lower end is
+//! outside the radius) cannot be in the answer; every other row is a candidate whose union sum
+//! is computed exactly. The answer is the exact one whatever the data: with well separated neighbours a handful of candidates per
+//! left row, with large equal values more. Candidates get the bits of `metric::union_distance`,
+//! the function the GPU's exact step uses, over the rows' own indices: the same bits whatever the
+//! index holds (one shard of the right side or all of it). `union.rs` computes them with the
+//! metric's term evaluated on shared columns only: on raw counts, thousands of short right rows
+//! tie at the k-th distance their totals give, and a term per entry of each (a logarithm for
+//! jensenshannon, a `pow` for minkowski of a non-integer p) cost more than the folded pass.
 
 use super::folded::{accumulate, FoldedScratch, BLOCK};
 use super::index::CpuIndex;
+use super::minkowski::{accumulate_minkowski, minkowski_degree, POW_ERROR, POW_FLOOR};
+use super::union::UnionLeft;
 use super::vectors::multiversion;
 use crate::join::{within, PairList, Selection, TopK};
-use crate::metric::{
-    disjoint_distance, one_sided_sum, share_a_column, sorted_nonzeros_into, union_distance,
-    RowTotals, Semiring, Side,
-};
+use crate::metric::{one_sided_sum, sorted_nonzeros_into, RowTotals, Semiring, Side};
 
 /// Scratch of one thread for this strategy, reused across left rows.
 #[derive(Debug, Default)]
@@ -37,6 +37,8 @@ pub(crate) struct CertifiedScratch {
     /// Every right row's lower end, from the pass that finds the cut.
     lowers: Vec<f64>,
     candidates: Vec<(f64, u32)>,
+    /// The left row as the exact step reads it.
+    union: UnionLeft,
 }
 
 multiversion! {
@@ -68,27 +70,35 @@ fn certified_row_impl<S: Semiring>(
     out: &mut PairList,
 ) {
     let n = index.rows;
-    let left_totals = accumulate(s, index, (indices, values), folded);
+    let minkowski = minkowski_degree(s);
+    let fast_pow = minkowski.is_some_and(|(_, fast)| fast);
+    let left_totals = match minkowski {
+        Some((p, _)) => accumulate_minkowski(s, p, index, (indices, values), folded),
+        None => accumulate(s, index, (indices, values), folded),
+    };
     let acc = &mut folded.acc0[..n];
 
     sorted_nonzeros_into((indices, values), &mut ws.left);
     let left_one_sided = one_sided_sum(s, &ws.left, Side::Left);
-    // A candidate that shares no column with the left row (often most of them: short rows tie
-    // at the distance their totals give) needs no walk with an exact term per entry.
-    let exact = |j: usize| {
-        let right = index.right_entries(j);
-        if share_a_column(&ws.left, right) {
-            union_distance(s, &ws.left, right)
-        } else {
-            disjoint_distance(s, left_one_sided, index.one_sided[j])
-        }
-    };
+    ws.union.set(s, index, &ws.left, left_one_sided);
+    let union = &mut ws.union;
+    let mut exact = |j: usize| union.distance(s, index, j);
 
     let terms = (ws.left.len() + index.max_row_len + 8) as f64;
     let bound = |j: usize| -> (f64, f64) {
         let (l, r) = (left_totals.t0, index.totals[j].t0);
         let v = l + r + acc[j];
-        let e = 2.0 * terms * f64::EPSILON * S::ROUNDING_GROWTH * (acc[j].abs() + 3.0 * (l + r));
+        let parts = acc[j].abs() + 3.0 * (l + r);
+        let e = 2.0 * terms * f64::EPSILON * S::ROUNDING_GROWTH * parts;
+        if fast_pow {
+            // The fast pow's own error on each pair, and a term's flush to 0 below e^-708.
+            let e = e + POW_ERROR * parts + terms * POW_FLOOR;
+            return if (v - e).is_finite() && (v + e).is_finite() {
+                (v - e, v + e)
+            } else {
+                (f64::NEG_INFINITY, f64::INFINITY)
+            };
+        }
         (v - e, v + e)
     };
     let keep = |j: usize| index.valid[j] && skip != Some(j);

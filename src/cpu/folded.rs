@@ -26,8 +26,10 @@ pub(crate) struct FoldedScratch {
     pub(crate) acc0: Vec<f64>,
     pub(crate) acc1: Vec<f64>,
     /// The left row's nonzeros by the layout of their column: (dense slot or column id, x).
-    dense_hits: Vec<(u32, f32)>,
-    sparse_hits: Vec<(u32, f32)>,
+    pub(crate) dense_hits: Vec<(u32, f32)>,
+    pub(crate) sparse_hits: Vec<(u32, f32)>,
+    /// A certified metric's left values on coded dense columns (`dense_codes.rs`).
+    pub(crate) coded_hits: Vec<(u32, f32)>,
     topk: TopK,
 }
 
@@ -286,6 +288,7 @@ pub(crate) fn accumulate<S: Semiring>(
     let left_totals = s.totals(values.iter().copied().filter(|v| *v != 0.0));
     ws.dense_hits.clear();
     ws.sparse_hits.clear();
+    ws.coded_hits.clear();
     for (&c, &x) in indices.iter().zip(values) {
         if x == 0.0 {
             continue;
@@ -295,6 +298,7 @@ pub(crate) fn accumulate<S: Semiring>(
         };
         match index.dense_slot[col as usize] {
             SPARSE => ws.sparse_hits.push((col, x)),
+            slot if index.dense_codes.column(slot, n).is_some() => ws.coded_hits.push((slot, x)),
             slot => ws.dense_hits.push((slot, x)),
         }
     }
@@ -323,6 +327,24 @@ pub(crate) fn accumulate<S: Semiring>(
     }
     for &(slot, x) in groups.remainder() {
         add_dense::<S, 1>(s, [dense(slot)], [left(x)], acc0, acc1);
+    }
+    // Coded dense columns (certified metrics only): a pair per distinct value, a byte per row.
+    for &(slot, x) in &ws.coded_hits {
+        let Some((distinct, lifts, codes)) = index.dense_codes.column(slot, n) else {
+            continue;
+        };
+        let (lx, mut table0, mut table1) = (s.lift(x), [0.0f64; 256], [0.0f64; 256]);
+        for (i, (&y, &ly)) in distinct.iter().zip(lifts).enumerate() {
+            (table0[i + 1], table1[i + 1]) = s.pair_lifted(x, lx, y, ly);
+        }
+        for (a, &code) in acc0.iter_mut().zip(codes) {
+            *a += table0[code as usize];
+        }
+        if S::TWO_ACCUMULATORS {
+            for (a, &code) in acc1.iter_mut().zip(codes) {
+                *a += table1[code as usize];
+            }
+        }
     }
 
     // A coded list's pairs, one per distinct value (a code is a byte: no bounds check).

@@ -9,6 +9,11 @@
 
 use std::collections::HashMap;
 
+use rayon::prelude::*;
+
+use super::dense_codes::DenseCodes;
+use super::minkowski::minkowski_degree;
+use super::union::UnionRows;
 use super::vectors::Vectors;
 
 use crate::join::{Cancel, PairList, ProbeOptions, Selection};
@@ -99,10 +104,13 @@ pub struct CpuIndex {
     /// Dense columns, slot-major: `dense_vals[slot * rows + row]`, zero where the row lacks it.
     pub(crate) dense_vals: Vec<f32>,
     /// A lifted metric (`Semiring::LIFTED`): the lift of every value of `col_vals` and
-    /// `dense_vals`, computed once here rather than once per pair. Empty otherwise.
+    /// `dense_vals`, computed once here rather than once per pair. Minkowski of a p that
+    /// `math::pow` hands to libm: |v|ᵖ of each (its total term), for `minkowski.rs`. Empty
+    /// otherwise.
     pub(crate) col_lifts: Vec<f64>,
     pub(crate) dense_lifts: Vec<f64>,
-    /// A lifted metric's posting lists that take few distinct values (ratings, small counts:
+    /// A lifted metric's (and minkowski's of a p that takes `minkowski.rs`'s fast pow) posting
+    /// lists that take few distinct values (ratings, small counts:
     /// jensenshannon's `log(x + y)` would otherwise be taken once per posting of them): column id
     /// → its range of `coded_vals`/`coded_lifts` (its distinct values and their lifts; empty for a
     /// list not coded), and per posting of a coded list its value's place in that range. The
@@ -126,6 +134,12 @@ pub struct CpuIndex {
     /// For a sum: each row's `metric::one_sided_sum` (its part of the distance to a row it
     /// shares no column with).
     pub(crate) one_sided: Vec<f64>,
+    /// For a sum: what the exact step reads of `row_entries` beside it (derived from it, not
+    /// stored in index files: `UnionRows::derive`).
+    pub(crate) union_rows: UnionRows,
+    /// A certified metric with a costly pair: its dense columns of few distinct values, coded
+    /// (derived from `dense_vals`, not stored in index files: `DenseCodes::derive`).
+    pub(crate) dense_codes: DenseCodes,
     /// A sum with an exact union term (minkowski): probed by `certified`.
     pub(crate) union_sum: bool,
     /// The most nonzeros of one right row (bounds the rounding error of `certified`).
@@ -201,23 +215,35 @@ impl CpuIndex {
             row_vals: Vec::new(),
             row_entries: Vec::new(),
             one_sided: Vec::new(),
+            union_rows: UnionRows::default(),
+            dense_codes: DenseCodes::default(),
             union_sum: !max_reduction && s.has_exact_term(),
             max_row_len: right.max_row_len(),
         };
-        // A max reduction needs every column as postings: it tracks per right row which left
-        // columns it holds, which a dense pass would do no faster.
-        let dense_ratio = if S::PAIR_VANISHES && !S::LIFTED {
+        // A max's dense pass is a subtraction and a max per row, as cheap as cosine's.
+        let dense_ratio = if max_reduction || (S::PAIR_VANISHES && !S::LIFTED) {
             DENSE_RATIO
         } else {
             COSTLY_DENSE_RATIO
         };
-        index.build_columns(right, !max_reduction, dense_ratio);
+        index.build_columns(right, dense_ratio);
         if S::LIFTED {
             index.col_lifts = index.col_vals.iter().map(|&v| s.lift(v)).collect();
             index.dense_lifts = index.dense_vals.iter().map(|&v| s.lift(v)).collect();
             index.code_columns();
             index.coded_lifts = index.coded_vals.iter().map(|&v| s.lift(v)).collect();
+        } else if minkowski_degree(s).is_some_and(|(_, fast)| fast) {
+            // A libm pow per stored value: on both cores (it was most of the build).
+            let prm = s.params();
+            let power = |&v: &f32| S::total0(v as f64, &prm);
+            index.col_lifts = index.col_vals.par_iter().map(power).collect();
+            index.dense_lifts = index.dense_vals.par_iter().map(power).collect();
+            // Lists of few distinct values take one pair per distinct value, as a lifted
+            // metric's do (`minkowski.rs`).
+            index.code_columns();
+            index.coded_lifts = index.coded_vals.iter().map(power).collect();
         }
+        index.dense_codes = DenseCodes::derive(s, &index);
         if max_reduction {
             index.build_rows_by_magnitude(right, nnz);
         } else if index.union_sum {
@@ -225,11 +251,13 @@ impl CpuIndex {
             index.one_sided = (0..rows)
                 .map(|r| one_sided_sum(s, index.right_entries(r), Side::Right))
                 .collect();
+            index.union_rows = UnionRows::derive(s, &index.columns, &index.row_entries)
+                .expect("every column of the build side is in its column map");
         }
         index
     }
 
-    fn build_columns(&mut self, right: &SparseBatch, allow_dense: bool, dense_ratio: usize) {
+    fn build_columns(&mut self, right: &SparseBatch, dense_ratio: usize) {
         let mut counts = vec![0usize; self.column_count + 1];
         for r in 0..self.rows {
             let (idx, val) = right.row(r);
@@ -240,7 +268,7 @@ impl CpuIndex {
                 }
             }
         }
-        let dense_from = if allow_dense && self.rows >= DENSE_MIN_ROWS {
+        let dense_from = if self.rows >= DENSE_MIN_ROWS {
             self.rows.div_ceil(dense_ratio)
         } else {
             usize::MAX
@@ -417,8 +445,10 @@ impl CpuIndex {
                 + self.row_cols.len()
                 + self.row_vals.len()
                 + self.row_entries.len() * 2
-                + self.one_sided.len() * 2)
+                + self.one_sided.len() * 2
+                + self.union_rows.len() * 3)
                 * 4
+            + self.dense_codes.memory_size()
             + match &self.columns {
                 ColumnMap::Direct(_) => 0,
                 ColumnMap::Hashed(m) => m.len() * 16,
@@ -429,6 +459,8 @@ impl CpuIndex {
     pub fn workspace_size(&self) -> usize {
         if self.max_reduction {
             self.rows * 12 + self.column_count * 4
+        } else if self.union_sum {
+            self.rows * 16 + self.column_count * 8
         } else {
             self.rows * 16
         }

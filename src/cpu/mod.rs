@@ -3,11 +3,14 @@
 
 mod certified;
 mod chebyshev;
+mod dense_codes;
 mod folded;
 mod index;
+mod minkowski;
 mod persist;
 mod probe;
 mod ranges;
+mod union;
 mod vectors;
 
 use std::time::Instant;

@@ -11,7 +11,9 @@ use std::io::{Read, Write};
 
 use datafusion::common::{exec_err, Result};
 
+use super::dense_codes::DenseCodes;
 use super::index::{ColumnMap, CpuIndex};
+use super::union::UnionRows;
 use crate::metric::{with_semiring, Metric, Reduction, RowTotals, Semiring};
 
 /// Elements whose in-memory bytes are their value (no padding, every bit pattern valid).
@@ -227,7 +229,7 @@ impl CpuIndex {
         }
         let row_entries = entry_cols.into_iter().zip(entry_vals).collect();
         let max_reduction = S::REDUCTION == Reduction::Max;
-        let index = CpuIndex {
+        let mut index = CpuIndex {
             kernels: Box::new(*s),
             max_reduction,
             rows,
@@ -253,10 +255,19 @@ impl CpuIndex {
             row_vals,
             row_entries,
             one_sided,
+            union_rows: UnionRows::default(),
+            dense_codes: DenseCodes::default(),
             union_sum: !max_reduction && s.has_exact_term(),
             max_row_len,
         };
         index.check_consistent()?;
+        index.dense_codes = DenseCodes::derive(s, &index);
+        if index.union_sum {
+            let Some(rows) = UnionRows::derive(s, &index.columns, &index.row_entries) else {
+                return exec_err!("the index's row entries name columns it does not have");
+            };
+            index.union_rows = rows;
+        }
         Ok(index)
     }
 

@@ -16,7 +16,7 @@ use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
 use super::ranges::Ranges;
 use super::vectors::Vectors;
-use crate::join::{within, Cancel, PairList, ProbeOptions, Selection, TopK};
+use crate::join::{Cancel, PairList, ProbeOptions, Selection, TopK};
 use crate::metric::{Reduction, Semiring};
 use crate::vector::SparseBatch;
 
@@ -300,16 +300,10 @@ fn probe_row<S: Semiring>(
     if let Selection::Nearest(k) = selection {
         ws.topk.reset(k);
     }
-    let topk = &mut ws.topk;
-    let offer = |j: usize, d: f64| match selection {
-        Selection::Nearest(_) => topk.push(d, j as u32),
-        Selection::Within(radius) => {
-            if within(S::SIMILARITY, d, radius) {
-                out.push(left_row, j as u32, d);
-            }
-        }
-    };
-    chebyshev_row(s, index, row, skip, &mut ws.chebyshev, offer);
+    let (topk, chebyshev) = (&mut ws.topk, &mut ws.chebyshev);
+    chebyshev_row(
+        vectors, s, index, row, left_row, skip, selection, chebyshev, topk, out,
+    );
     if let Selection::Nearest(_) = selection {
         for (key, j) in ws.topk.drain_sorted() {
             out.push(left_row, j, key);

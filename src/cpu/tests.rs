@@ -47,7 +47,10 @@ fn metrics() -> Vec<Metric> {
     let mut all: Vec<Metric> = MetricKind::all()
         .map(|k| Metric::from_kind(k, None, Some(DIM as u64 + 5)).unwrap())
         .collect();
-    all.push(Metric::from_kind(MetricKind::Minkowski, Some(3.0), None).unwrap());
+    // Minkowski of p = 2 (the default), 3 (products) and 2.5 (the fast pow of `minkowski.rs`).
+    for p in [3.0, 2.5] {
+        all.push(Metric::from_kind(MetricKind::Minkowski, Some(p), None).unwrap());
+    }
     all
 }
 
@@ -97,12 +100,10 @@ fn brute(
 fn check_knn(metric: &Metric, left: &[Row], right_rows: &[Row], k: usize, self_join: bool) {
     let right = batch(right_rows);
     let index = CpuIndex::build(&right, metric);
-    if metric.kind != MetricKind::Chebyshev {
-        assert!(
-            index.dense_columns() > 0,
-            "the test data must reach the dense layout"
-        );
-    }
+    assert!(
+        index.dense_columns() > 0,
+        "the test data must reach the dense layout"
+    );
     let options = ProbeOptions {
         exclude_self_from: self_join.then_some(0),
     };
@@ -499,4 +500,59 @@ fn a_block_of_the_radius_filter_rule_keeps_the_rows_of_the_rule_row_by_row() {
         redone > 100,
         "the row by row rule dropped rows in only {redone} cases"
     );
+}
+
+/// The certified metrics' answers are `Metric::distance` (the union over both rows, as the GPU's
+/// exact step computes it) bit for bit, ties by right row, for knn and radius: on rows of small
+/// integers (many exact ties, equal values in shared columns), with long rows, rows sharing no
+/// column with the left row, and minkowski of integer and non-integer p (the fast pow's bounds).
+#[test]
+fn certified_answers_are_the_union_distances_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(29);
+    let right_rows = rating_rows(&mut rng, 900);
+    let mut left_rows = rating_rows(&mut rng, 30);
+    left_rows.extend(right_rows[100..110].iter().cloned());
+    left_rows.push(Some(vec![(DIM + 7, 3.0), (DIM - 1, 0.5)]));
+    let (right, left) = (batch(&right_rows), batch(&left_rows));
+    let mut metrics = vec![
+        Metric::from_kind(MetricKind::Hellinger, None, None).unwrap(),
+        Metric::from_kind(MetricKind::JensenShannon, None, None).unwrap(),
+    ];
+    for p in [1.0, 2.0, 2.5, 3.0, 1.37, 7.25] {
+        metrics.push(Metric::from_kind(MetricKind::Minkowski, Some(p), None).unwrap());
+    }
+    for metric in &metrics {
+        let index = CpuIndex::build(&right, metric);
+        assert!(index.dense_columns() > 0);
+        let k = 8;
+        let got = probe(
+            &index,
+            &left,
+            Selection::Nearest(k),
+            ProbeOptions::default(),
+        );
+        let mut radius_at = Vec::new();
+        for (l, row) in left_rows.iter().enumerate() {
+            let want = brute(metric, row.as_ref().unwrap(), &right, None);
+            assert_eq!(of_left(&got, l as u32), want[..k], "{metric}: left row {l}");
+            radius_at.push(want[want.len() / 3].1);
+        }
+        let radius = radius_at[0];
+        let got = probe(
+            &index,
+            &left,
+            Selection::Within(radius),
+            ProbeOptions::default(),
+        );
+        for (l, row) in left_rows.iter().enumerate() {
+            let mut want = brute(metric, row.as_ref().unwrap(), &right, None);
+            want.retain(|e| metric.within(e.1, radius));
+            want.sort_by_key(|e| e.0);
+            assert_eq!(
+                of_left(&got, l as u32),
+                want,
+                "{metric}: left row {l} within {radius}"
+            );
+        }
+    }
 }
