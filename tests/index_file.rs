@@ -3,6 +3,8 @@
 //! right input may be a path, and answers bit for bit as the source data does, with the same
 //! output columns; a metric it was not built for, and a damaged, cut or foreign file, are errors
 //! naming the file; the index value is probed directly, through a DataFrame and as a table.
+//! On the GPU (`-- --ignored` on a machine with one): a reused, loaded or held GPU index answers
+//! bit for bit as a fresh GPU build does, for every metric.
 
 mod common;
 
@@ -399,5 +401,89 @@ async fn damaged_cut_and_foreign_index_files_are_errors_that_name_the_file() {
             message.contains(path.to_str().unwrap()) && message.contains(expected),
             "{name}: {message}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// On the GPU.
+
+fn gpu_knn_sql(right: &str, metric: &str, options: &str) -> String {
+    format!(
+        "SELECT * FROM knn_join(l, '{right}', '{metric}', 9, 'device=gpu, {options}') \
+         ORDER BY query_id, rank"
+    )
+}
+
+async fn gpu_session(queries: &str) -> SessionContext {
+    let ctx = datafusion_sparse_knn::session_context();
+    ctx.register_parquet("l", queries, Default::default())
+        .await
+        .unwrap();
+    ctx
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs a CUDA GPU"]
+async fn reused_loaded_and_held_gpu_indexes_answer_like_a_fresh_build_for_every_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let corpus = dir.path().join("corpus.parquet");
+    let queries = dir.path().join("queries.parquet");
+    write_parquet(&corpus, &counts(3000, 21), 0);
+    write_parquet(&queries, &counts(200, 22), 100_000);
+    let (corpus, queries) = (corpus.to_str().unwrap(), queries.to_str().unwrap());
+    let ctx = gpu_session(queries).await;
+    for kind in MetricKind::all() {
+        let name = kind.name();
+        let options = options_for(kind);
+        let sql = gpu_knn_sql(corpus, name, options);
+        // Fresh: a session of its own, nothing cached.
+        let fresh_ctx = gpu_session(queries).await;
+        let fresh = collect(&fresh_ctx, &sql).await;
+        assert!(!fresh.is_empty(), "{name}");
+        // Built once in `ctx`, then reused from its cache.
+        let first = collect(&ctx, &sql).await;
+        let reused = explain_counters(&ctx, &sql, &["index_built", "index_reused"]).await;
+        assert_eq!(reused, vec![0, 1], "{name}: the second statement reuses");
+        let again = collect(&ctx, &sql).await;
+        assert_eq!(answer(&fresh), answer(&first), "{name}: first");
+        assert_eq!(answer(&fresh), answer(&again), "{name}: reused");
+
+        // From an index file's rows: the GPU index is built from them, with the same bits.
+        let file = dir.path().join(format!("{name}.skidx"));
+        let frame = ctx.read_parquet(corpus, Default::default()).await.unwrap();
+        let value = SparseIndex::build(frame, &[name], &format!("device=gpu, {options}"))
+            .await
+            .unwrap();
+        value.save(&file).unwrap();
+        let from_file = collect(
+            &fresh_ctx,
+            &gpu_knn_sql(file.to_str().unwrap(), name, options),
+        )
+        .await;
+        assert_eq!(
+            answer(&fresh),
+            answer(&from_file),
+            "{name}: from the file's rows"
+        );
+
+        // Held by the value on the GPU: probed twice, the same pairs as the SQL join.
+        let left = common::batch(&counts(200, 22));
+        for _ in 0..2 {
+            let pairs = value
+                .probe(&left, Selection::Nearest(9), ProbeOptions::default())
+                .unwrap();
+            let direct: Vec<(i64, i64, u64)> = (0..pairs.len())
+                .map(|i| {
+                    (
+                        100_000 + pairs.left[i] as i64,
+                        pairs.right[i] as i64,
+                        pairs.distance[i].to_bits(),
+                    )
+                })
+                .collect();
+            let sql_pairs: Vec<(i64, i64, u64)> =
+                answer(&fresh).iter().map(|p| (p.0, p.1, p.2)).collect();
+            assert_eq!(direct, sql_pairs, "{name}: held by the value");
+        }
     }
 }
