@@ -5,7 +5,7 @@
 //! logarithm or a pow per right row. On raw counts (news20's stop words, held by nearly every
 //! post with a count of a few dozen values at most) that was most of a jensenshannon join.
 //!
-//! Only the certified metrics take it: their folded sums are bounds, so the order in which a
+//! Only the certified metrics whose pair is costly take it: their folded sums are bounds, so the order in which a
 //! row's pairs are added may change (the answers come from the exact step); a folded metric's
 //! bits depend on that order. Derived from the index's dense columns, so not part of index files.
 
@@ -45,7 +45,10 @@ impl DenseCodes {
             }
         };
         let fast_pow = minkowski_degree(s).is_some_and(|(_, fast)| fast);
-        if !index.union_sum || !(S::LIFTED || fast_pow) || n == 0 || index.dense_vals.is_empty() {
+        // A pair that vanishes on zeros is a product (hellinger's −2·√x·√y): its dense pass,
+        // four columns at a time, beat a table looked up per row (1.5x on news20).
+        let costly = (S::LIFTED && !S::PAIR_VANISHES) || fast_pow;
+        if !index.union_sum || !costly || n == 0 || index.dense_vals.is_empty() {
             return DenseCodes::default();
         }
         let columns: Vec<Option<(Vec<f32>, Vec<u8>)>> = index
