@@ -29,7 +29,7 @@ pub(crate) struct Csr {
 /// aligned Arrow buffer.
 fn typed<T: ArrowNativeType>(bytes: &[u8], what: &str) -> Result<ScalarBuffer<T>> {
     let size = std::mem::size_of::<T>();
-    if bytes.len() % size != 0 {
+    if !bytes.len().is_multiple_of(size) {
         return plan_err!(
             "{what}: {} bytes is not a whole number of {size}-byte values",
             bytes.len()
