@@ -215,6 +215,15 @@ impl IndexCache {
         let mut state = self.lock();
         state.entries.retain(|e| e.key != key);
         if bytes > capacity {
+            // Said once a side: a later statement over the same data builds it again, and the
+            // user may not know why.
+            log::warn!(
+                "index cache: a right side of {:.1} MiB is larger than sparse_knn.index_cache \
+                 ({:.1} MiB) and is not kept; raise it (SET sparse_knn.index_cache = '...') to \
+                 reuse it in later statements",
+                bytes as f64 / (1 << 20) as f64,
+                capacity as f64 / (1 << 20) as f64
+            );
             return;
         }
         state.evict_to(capacity - bytes);
