@@ -15,7 +15,7 @@ use arrow::array::RecordBatch;
 use common::{collect, counts, explain_counters, write_parquet};
 use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::index::SparseIndex;
-use datafusion_sparse_knn::join::{ProbeOptions, Selection};
+use datafusion_sparse_knn::join::{PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::metric::MetricKind;
 
 fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
@@ -23,6 +23,24 @@ fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
         .into_iter()
         .map(|(q, n, d, r)| (q, n, d.to_bits(), r))
         .collect()
+}
+
+/// (query id, neighbor id, distance bits) of a direct probe whose left rows have ids from
+/// `first_id` and whose right rows' ids are their positions.
+fn direct(pairs: &PairList, first_id: i64) -> Vec<(i64, i64, u64)> {
+    (0..pairs.len())
+        .map(|i| {
+            (
+                first_id + pairs.left[i] as i64,
+                pairs.right[i] as i64,
+                pairs.distance[i].to_bits(),
+            )
+        })
+        .collect()
+}
+
+fn without_rank(batches: &[RecordBatch]) -> Vec<(i64, i64, u64)> {
+    answer(batches).iter().map(|p| (p.0, p.1, p.2)).collect()
 }
 
 fn options_for(kind: MetricKind) -> &'static str {
@@ -144,18 +162,7 @@ async fn an_index_value_is_probed_saved_opened_and_registered_as_a_table() {
     let pairs = index
         .probe(&left, Selection::Nearest(5), ProbeOptions::default())
         .unwrap();
-    let direct: Vec<(i64, i64, u64)> = (0..pairs.len())
-        .map(|i| {
-            (
-                10_000 + pairs.left[i] as i64,
-                pairs.right[i] as i64,
-                pairs.distance[i].to_bits(),
-            )
-        })
-        .collect();
-    let through_sql: Vec<(i64, i64, u64)> =
-        answer(&expected).iter().map(|p| (p.0, p.1, p.2)).collect();
-    assert_eq!(direct, through_sql);
+    assert_eq!(direct(&pairs, 10_000), without_rank(&expected));
 
     // As a table: the join probes the value's index (held, not built).
     ctx.register_table("corpus", index.table()).unwrap();
@@ -472,18 +479,11 @@ async fn reused_loaded_and_held_gpu_indexes_answer_like_a_fresh_build_for_every_
             let pairs = value
                 .probe(&left, Selection::Nearest(9), ProbeOptions::default())
                 .unwrap();
-            let direct: Vec<(i64, i64, u64)> = (0..pairs.len())
-                .map(|i| {
-                    (
-                        100_000 + pairs.left[i] as i64,
-                        pairs.right[i] as i64,
-                        pairs.distance[i].to_bits(),
-                    )
-                })
-                .collect();
-            let sql_pairs: Vec<(i64, i64, u64)> =
-                answer(&fresh).iter().map(|p| (p.0, p.1, p.2)).collect();
-            assert_eq!(direct, sql_pairs, "{name}: held by the value");
+            assert_eq!(
+                direct(&pairs, 100_000),
+                without_rank(&fresh),
+                "{name}: held by the value"
+            );
         }
     }
 }

@@ -44,7 +44,8 @@ pub(crate) fn minkowski_degree<S: Semiring>(s: &S) -> Option<(f64, bool)> {
 mod fdlibm {
     pub(super) const LN2_HI: f64 = 6.931_471_803_691_238_164_90e-1;
     pub(super) const LN2_LO: f64 = 1.908_214_929_270_587_700_02e-10;
-    pub(super) const INV_LN2: f64 = 1.442_695_040_888_963_387_00;
+    // fdlibm's 1.44269504088896338700, the same double as the standard constant.
+    pub(super) const INV_LN2: f64 = std::f64::consts::LOG2_E;
     pub(super) const P1: f64 = 1.666_666_666_666_660_190_37e-1;
     pub(super) const P2: f64 = -2.777_777_777_701_559_338_42e-3;
     pub(super) const P3: f64 = 6.613_756_321_437_934_361_17e-5;

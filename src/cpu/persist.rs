@@ -91,30 +91,13 @@ impl<R: Read> Reader<'_, R> {
         // them; backed by huge pages, the fill takes 1/512 of the page faults (a 1M-row index
         // holds GBs of postings).
         let mut values = vec![T::default(); len as usize];
-        advise_huge_pages(&values);
+        crate::join::advise_huge_pages(&mut values);
         self.input.read_exact(bytes_of_mut(&mut values))?;
         let pad = (8 - size % 8) % 8;
         self.take(pad)?;
         let mut skip = [0u8; 8];
         self.input.read_exact(&mut skip[..pad as usize])?;
         Ok(values)
-    }
-}
-
-fn advise_huge_pages<T>(buffer: &[T]) {
-    #[cfg(target_os = "linux")]
-    {
-        const HUGE: usize = 2 << 20;
-        let at = buffer.as_ptr() as usize;
-        let (start, end) = (
-            at.next_multiple_of(HUGE),
-            (at + std::mem::size_of_val(buffer)) / HUGE * HUGE,
-        );
-        if end > start {
-            // SAFETY: the range lies inside `buffer`'s allocation; the advice changes how its
-            // pages are backed, never their contents.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE) };
-        }
     }
 }
 

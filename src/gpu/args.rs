@@ -182,7 +182,7 @@ kernel_args! {
         c: DevPtr = "float*",
         kp: i32 = "int",
         n_pad: i32 = "int",
-        /// Value flags (`DENSE_NOT_*` in knn.cu): A's, ORed by `dense_scatter`, and B's.
+        /// Value flags (`DENSE_NOT_*` in dense.cu): A's, ORed by `dense_scatter`, and B's.
         a_flags: DevPtr = "u32*",
         b_flags: i32 = "int",
         /// The fast copies' kind (`DENSE_FAST_*`: 0 none, 1 half precision, 2 8-bit integers).

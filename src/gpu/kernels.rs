@@ -15,6 +15,7 @@ use crate::metric::{KeyForm, Params, Reduction, RowTotals, Semiring};
 
 const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
 const KERNELS: &str = include_str!("../../kernels/knn.cu");
+const DENSE: &str = include_str!("../../kernels/dense.cu");
 const EXACT: &str = include_str!("../../kernels/exact.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
@@ -154,7 +155,7 @@ fn certified<S: Semiring>() -> bool {
 pub fn module_source<S: Semiring>() -> String {
     let [(items, segments), (items_2, segments_2)] = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}\n{EXACT}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}{DENSE}\n{EXACT}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
         certified::<S>() as u8,

@@ -1,6 +1,6 @@
 //! The right side's inverted lists built on the device: the part's CSR goes up as it is (the
 //! same bytes as the lists) and five small kernels turn it into the tile pointers and the list
-//! entries the folded kernels read (`list_count`, `list_scan_*`, `list_fill` in kernels/knn.cu),
+//! entries the folded kernels read (`list_count`, `list_scan_*`, `list_fill` in kernels/dense.cu),
 //! where the host's build was the largest step of a right side's preparation (75 of 150 ms at
 //! the movielens shape on 16 cores, call BR). The host build ([`super::prepare::prepare_part`])
 //! stays for parts streamed per probe.

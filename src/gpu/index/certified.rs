@@ -67,6 +67,28 @@ pub(super) fn add_exact(
             .map(|&j| (exact.distance(&x, x_one_sided, j as usize), j)),
     );
 }
+/// A row's k-th exact distance (infinity when it has fewer) and whether rows the first pass
+/// left out could still enter its answer. Rows left out come after the last one kept in (lower
+/// bound, row) order, so after the k-th answer when that one is before it: then none can enter
+/// (ties included, where bounds are exact: a max's mostly are).
+pub(super) fn row_settled(
+    row: &[(f64, u32)],
+    lower: &PairList,
+    range: std::ops::Range<usize>,
+    k: usize,
+    wide: usize,
+) -> (f64, bool) {
+    let answer_k = (row.len() == k).then(|| row[k - 1]);
+    let last = range
+        .clone()
+        .map(|i| (lower.distance[i], lower.right[i]))
+        .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let done = range.len() < wide
+        || matches!((answer_k, last), (Some(a), Some(last))
+            if a.0.total_cmp(&last.0).then(a.1.cmp(&last.1)).is_lt());
+    (answer_k.map_or(f64::INFINITY, |a| a.0), !done)
+}
+
 /// A row's exact pairs cut to the answer: the k nearest, or those within the radius by right row.
 /// A right row can come twice only through a column the kernels saw and the exact rows do not
 /// (an explicit zero); it has one distance either way.
@@ -202,18 +224,7 @@ impl GpuIndex {
                         let range = starts[l]..starts[l + 1];
                         add_exact(&exact, left, l, &lower.right[range.clone()], row);
                         keep_answer(row, selection);
-                        let answer_k = (row.len() == k).then(|| row[k - 1]);
-                        // Rows left out come after the last one kept in (lower bound, row)
-                        // order, so after the k-th answer when that one is before it: then none
-                        // can enter (ties included, where bounds are exact: a max's mostly are).
-                        let last = range
-                            .clone()
-                            .map(|i| (lower.distance[i], lower.right[i]))
-                            .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                        let done = range.len() < wide
-                            || matches!((answer_k, last), (Some(a), Some(last))
-                                if a.0.total_cmp(&last.0).then(a.1.cmp(&last.1)).is_lt());
-                        (answer_k.map_or(f64::INFINITY, |a| a.0), !done)
+                        row_settled(row, &lower, range, k, wide)
                     })
                     .unzip();
                 if !open.contains(&true) {

@@ -19,7 +19,9 @@ use super::super::args::ExactArgs;
 use super::super::device::{cuda_err, Device};
 use super::super::memory::{addr, download, upload, zeros};
 use super::super::stats::GpuStats;
-use super::certified::{into_pairs, keep_answer, left_row_starts, log_certified, Bounds};
+use super::certified::{
+    into_pairs, keep_answer, left_row_starts, log_certified, row_settled, Bounds,
+};
 use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, Selection};
 use crate::metric::sorted_nonzeros_into;
 use crate::vector::SparseBatch;
@@ -334,18 +336,7 @@ impl GpuIndex {
                         let range = starts[l]..starts[l + 1];
                         row.extend(range.clone().map(|i| (distances[i], lower.right[i])));
                         keep_answer(row, selection);
-                        let answer_k = (row.len() == k).then(|| row[k - 1]);
-                        // As in `probe_certified`: rows left out come after the last one kept
-                        // in (lower bound, row) order, so after the k-th answer when that one
-                        // is before it.
-                        let last = range
-                            .clone()
-                            .map(|i| (lower.distance[i], lower.right[i]))
-                            .max_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-                        let done = range.len() < wide
-                            || matches!((answer_k, last), (Some(a), Some(last))
-                                if a.0.total_cmp(&last.0).then(a.1.cmp(&last.1)).is_lt());
-                        (answer_k.map_or(f64::INFINITY, |a| a.0), !done)
+                        row_settled(row, &lower, range, k, wide)
                     })
                     .unzip();
                 if !open.contains(&true) {

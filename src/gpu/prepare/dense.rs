@@ -45,7 +45,7 @@ pub(crate) const DENSE_NOT_INT8: u32 = 4;
 /// Dense columns an 8-bit integer product sums exactly in 32-bit integers: 127² · 133,000 < 2^31.
 const MAX_INT8_COLUMNS: usize = 133_000;
 
-/// The fast copy of a dense block, by its values (`DENSE_FAST_*` in kernels/knn.cu): the
+/// The fast copy of a dense block, by its values (`DENSE_FAST_*` in kernels/dense.cu): the
 /// product runs on it when the left rows' values have it too.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum FastKind {
@@ -82,7 +82,7 @@ const DENSE_GEMM_LD: usize = 36;
 pub(crate) const DENSE_GEMM_SMEM: u32 =
     (2 * (DENSE_TILE_M + DENSE_TILE_N) * DENSE_GEMM_LD * 4) as u32;
 
-/// The dense product's constants as the kernels read them (kernels/knn.cu), so the two sides
+/// The dense product's constants as the kernels read them (kernels/dense.cu), so the two sides
 /// cannot drift.
 pub(crate) fn dense_defines() -> String {
     format!(
