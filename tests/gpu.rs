@@ -5,6 +5,10 @@
 //!
 //! These need a CUDA GPU: `cargo test --release --test gpu -- --ignored --test-threads=1`.
 
+/// The certified metrics' exact step on the device (a module of this binary: one link less).
+#[path = "gpu/exact.rs"]
+mod exact;
+
 use arrow::buffer::NullBuffer;
 use datafusion_sparse_knn::cpu::{self, CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};

@@ -4,6 +4,10 @@
 //! formula is not valid CUDA, or a layout that drifts, fails CI. Without libnvrtc the test passes
 //! with a note, unless SPARSE_KNN_REQUIRE_NVRTC=1 (CI installs pip's nvidia-cuda-nvrtc and sets it).
 
+/// The compiled kernels' cache on disk (a module of this binary: one link less).
+#[path = "nvrtc/kernel_cache.rs"]
+mod kernel_cache;
+
 use datafusion_sparse_knn::gpu::kernels;
 
 #[test]

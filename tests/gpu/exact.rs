@@ -7,7 +7,7 @@
 //! same terms (every metric here but minkowski at a fractional p, whose `pow` is CUDA's: within
 //! 1e-12 there).
 //!
-//! These need a CUDA GPU: `cargo test --release --test gpu_exact -- --ignored --test-threads=1`.
+//! These need a CUDA GPU: `cargo test --release --test gpu exact:: -- --ignored --test-threads=1`.
 
 use datafusion_sparse_knn::cpu::{self, CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};
