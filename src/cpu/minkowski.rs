@@ -214,6 +214,8 @@ fn accumulate_power<S: Semiring, W: Power>(
             column(g[3].0),
         ];
         let xs = [left(g[0].1), left(g[1].1), left(g[2].1), left(g[3].1)];
+        // `j` indexes the four columns, the pair's row and `acc` alike.
+        #[allow(clippy::needless_range_loop)]
         for j in 0..n {
             let mut a = 0.0;
             for g in 0..4 {

@@ -297,7 +297,7 @@ impl CpuIndex {
                 .all(|&(a, b)| a <= b && b as usize <= self.coded_vals.len());
         let dense = self.dense_vals.len().checked_div(rows).unwrap_or(0);
         let ok = ok
-            && (rows == 0 || self.dense_vals.len() % rows == 0)
+            && (rows == 0 || self.dense_vals.len().is_multiple_of(rows))
             && self
                 .dense_slot
                 .iter()

@@ -40,6 +40,9 @@ pub const FORMAT_VERSION: u32 = 1;
 const TRAILER: u64 = 32;
 const ALIGN: u64 = 64;
 
+/// One metric's CPU index as its shards: (rows, index) of consecutive row ranges.
+pub(crate) type CpuShards = Vec<(usize, Arc<CpuIndex>)>;
+
 /// Where a section lies and its checksum.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct Section {
@@ -139,7 +142,7 @@ pub(crate) fn write(
     schema: &SchemaRef,
     batches: &[RecordBatch],
     vector_column: &str,
-    indexes: &[(Metric, Vec<(usize, Arc<CpuIndex>)>)],
+    indexes: &[(Metric, CpuShards)],
 ) -> Result<u64> {
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -169,7 +172,7 @@ fn write_to(
     schema: &SchemaRef,
     batches: &[RecordBatch],
     vector_column: &str,
-    indexes: &[(Metric, Vec<(usize, Arc<CpuIndex>)>)],
+    indexes: &[(Metric, CpuShards)],
 ) -> Result<u64> {
     let file = File::create(path).map_err(|e| io_error(path, "creating", e))?;
     let mut out = Counting {

@@ -38,7 +38,7 @@ use crate::metric::Metric;
 use crate::options::JoinOptions;
 use crate::planner::{find_vector_column, resolve_device, Device, Side};
 use crate::vector::{SparseBatch, VectorCheck};
-use file::IndexFile;
+use file::{CpuShards, IndexFile};
 
 /// How a join got its index from an [`IndexSource`] (EXPLAIN ANALYZE: `index_loaded` or
 /// `index_built`; one already held counts as reused).
@@ -69,7 +69,7 @@ pub struct IndexSource {
     file: Option<IndexFile>,
     batches: OnceLock<Vec<RecordBatch>>,
     /// The CPU indexes as their shards, kept for saving (built or read from the file).
-    cpu: Mutex<Vec<(Metric, Vec<(usize, Arc<CpuIndex>)>)>>,
+    cpu: Mutex<Vec<(Metric, CpuShards)>>,
     held: Mutex<Vec<Held>>,
 }
 
@@ -216,7 +216,7 @@ impl IndexSource {
     }
 
     /// `metric`'s CPU index as its shards: read from the file, or built from the rows.
-    fn cpu_shards(&self, metric: &Metric) -> Result<(Vec<(usize, Arc<CpuIndex>)>, Obtained)> {
+    fn cpu_shards(&self, metric: &Metric) -> Result<(CpuShards, Obtained)> {
         let metric = &shaping(metric);
         let mut cpu = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((_, shards)) = cpu.iter().find(|(m, _)| m == metric) {

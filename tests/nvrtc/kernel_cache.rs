@@ -357,7 +357,12 @@ fn a_module_from_the_cache_gives_the_answers_of_a_compiled_one() {
         let out = dir.path().join(tag);
         let started = std::time::Instant::now();
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["kernel_cache::gpu_child_process", "--exact", "--ignored", "--nocapture"])
+            .args([
+                "kernel_cache::gpu_child_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+            ])
             .args(["--test-threads=1"])
             .env(CHILD_OUT, &out)
             .env(cache::ENV, cache)
