@@ -838,17 +838,7 @@ fn certified_metrics_take_rows_sharing_no_column_exactly() {
             )
             .unwrap();
             eprintln!("{kind} limit={limit:?}: {} parts", gpu_index.parts());
-            let radius = {
-                let c = cpu::probe(
-                    &cpu_index,
-                    &left,
-                    Selection::Nearest(40),
-                    Default::default(),
-                );
-                let mut ds = c.distance.clone();
-                ds.sort_by(|a, b| a.total_cmp(b));
-                ds[ds.len() / 2]
-            };
+            let radius = median_knn_distance(&cpu_index, &left, 40);
             for sel in [
                 Selection::Nearest(1),
                 Selection::Nearest(10),
@@ -1310,4 +1300,12 @@ fn assert_same_bits(a: &PairList, b: &PairList, what: &str) {
     assert_eq!(a.right, b.right, "{what}: right rows");
     let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&a.distance), bits(&b.distance), "{what}: distances");
+}
+
+/// The median of the CPU's `k` nearest distances of `left`'s rows: a radius that keeps about
+/// half of them.
+fn median_knn_distance(index: &CpuIndex, left: &SparseBatch, k: usize) -> f64 {
+    let mut ds = cpu::probe(index, left, Selection::Nearest(k), Default::default()).distance;
+    ds.sort_by(|a, b| a.total_cmp(b));
+    ds[ds.len() / 2]
 }

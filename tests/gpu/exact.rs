@@ -130,17 +130,7 @@ fn exact_step_on_the_device_gives_the_cpus_answers_with_a_heavy_column() {
         let on_host = GpuIndex::build(&right, &m, &GpuOptions::default()).unwrap();
         std::env::remove_var("SPARSE_KNN_GPU_EXACT");
         assert!(!on_host.exact_on_device(), "{m}: SPARSE_KNN_GPU_EXACT=host");
-        let radius = {
-            let c = cpu::probe(
-                &cpu_index,
-                &left,
-                Selection::Nearest(10),
-                Default::default(),
-            );
-            let mut ds = c.distance.clone();
-            ds.sort_by(|a, b| a.total_cmp(b));
-            ds[ds.len() / 2]
-        };
+        let radius = super::median_knn_distance(&cpu_index, &left, 10);
         for sel in [
             Selection::Nearest(1),
             Selection::Nearest(10),
