@@ -507,7 +507,9 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         const bool zeros_outside = RADIUS
             && !(MetricDef::SIMILARITY ? a.zero_dist >= zero_radius : a.zero_dist <= zero_radius);
 
-        for (int t = 0; t < ntiles; ++t) {
+        // This block's group of tiles (all of them unless the launch cut them: few left rows).
+        const int t_end = (int)((long long)ntiles * (blockIdx.y + 1) / a.tile_groups);
+        for (int t = (int)((long long)ntiles * blockIdx.y / a.tile_groups); t < t_end; ++t) {
             const int tile_first = t * tile_rows;
             const int tile_len = min(tile_rows, n_right - tile_first);
             // The dense columns' part of the sum, from the tensor-core product (`dense_gemm`):
@@ -714,7 +716,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
         if (!RADIUS) {
             topk_compact(cand_key, cand_row, cand_filt, cap, k, &s_count, &s_tau_key, &s_tau_row,
                          &s_tau_filt);
-            topk_write(cand_key, cand_row, s_count, w, k, a.out_rows, a.out_dist, a.out_count);
+            topk_write(cand_key, cand_row, s_count, (int)blockIdx.y * nwork + w, k, a.out_rows,
+                       a.out_dist, a.out_count);
             __syncthreads();
         }
     }

@@ -9,6 +9,10 @@
 #[path = "gpu/exact.rs"]
 mod exact;
 
+/// Few left rows against many tiles: the tiles cut into groups (a module of this binary).
+#[path = "gpu/tile_groups.rs"]
+mod tile_groups;
+
 use arrow::buffer::NullBuffer;
 use datafusion_sparse_knn::cpu::{self, CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};

@@ -104,6 +104,10 @@ kernel_args! {
         l_top: DevPtr = "const float*",
         tile_rows: i32 = "int",
         ntiles: i32 = "int",
+        /// The tiles cut into this many groups, a block per (work row, group) (grid.y): a launch
+        /// of few left rows still fills the device. Group g's top-k of work row w is written at
+        /// slot g * nwork + w; the host merges the groups (knn) or takes the pairs (radius).
+        tile_groups: i32 = "int",
         p: f64 = "double",
         d: f64 = "double",
         k: i32 = "int",

@@ -16,7 +16,7 @@ use super::prepare::{
     TOP_VALUES,
 };
 use super::stats::GpuStats;
-use crate::join::{PairList, ProbeOptions, Selection};
+use crate::join::{merge_nearest, PairList, ProbeOptions, Selection};
 use crate::metric::KeyForm;
 use crate::vector::SparseBatch;
 
@@ -60,6 +60,15 @@ pub(crate) const SEG_MAP_BYTES: usize = FOLDED_THREADS as usize * 2 * SEG_MAP_IT
 /// Shared memory for the segments of a chunk of left nonzeros: per thread the walk's start and
 /// value (8 bytes, one load), offset and rank (4 bytes each), and the segment map.
 const SEGMENT_SMEM: usize = FOLDED_THREADS as usize * 16 + SEG_MAP_BYTES;
+
+/// Testing knob: `SPARSE_KNN_GPU_TILE_GROUPS=N` cuts a launch's tiles into at most N groups (1:
+/// a block per left row walks every tile, as before groups), so tests can compare both.
+fn most_tile_groups() -> usize {
+    std::env::var("SPARSE_KNN_GPU_TILE_GROUPS")
+        .ok()
+        .and_then(|s| s.parse::<usize>().ok())
+        .map_or(usize::MAX, |n| n.max(1))
+}
 
 /// Everything a launch needs that does not change from chunk to chunk of one part.
 pub(crate) struct PartLaunch<'a> {
@@ -168,12 +177,26 @@ impl PartLaunch<'_> {
             }
             None => None,
         };
-        let out_rows = zeros::<u32>(device, if knn { nwork * k } else { 1 })?;
-        let out_dist = zeros::<f64>(device, if knn { nwork * k } else { 1 })?;
-        let out_count = zeros::<i32>(device, if knn { nwork } else { 1 })?;
+        // A block per left row walks every tile of the part in turn: one row against 10M right
+        // rows was one SM's work for 100 ms (H200) with the rest of the device idle. Few rows
+        // cut the tiles into groups, a block each, so a launch has about two waves of blocks.
+        // (Not in the bound modes: their candidate passes keep per-row state across tiles.)
+        let groups = if self.lower_bounds || self.shared_only {
+            1
+        } else {
+            (device.sm_count as usize * 8)
+                .div_ceil(nwork)
+                .clamp(1, self.ntiles.clamp(1, 65_535))
+                .min(most_tile_groups())
+        };
+        stats.most_tile_groups = stats.most_tile_groups.max(groups);
+        let slots = nwork * groups;
+        let out_rows = zeros::<u32>(device, if knn { slots * k } else { 1 })?;
+        let out_dist = zeros::<f64>(device, if knn { slots * k } else { 1 })?;
+        let out_count = zeros::<i32>(device, if knn { slots } else { 1 })?;
         let overflow = zeros::<u32>(device, 1)?;
         if knn {
-            bytes += nwork as u64 * (k as u64 * 12 + 4);
+            bytes += slots as u64 * (k as u64 * 12 + 4);
         }
         // Radius: a pair list filled through an atomic counter; rerun with the exact size if full.
         let mut r_cap: u64 = if knn {
@@ -305,6 +328,7 @@ impl PartLaunch<'_> {
                     l_top: addr(device, &l_top),
                     tile_rows: tile_rows as i32,
                     ntiles: self.ntiles as i32,
+                    tile_groups: groups as i32,
                     p: prm.p,
                     d: prm.d,
                     k: k as i32,
@@ -331,7 +355,7 @@ impl PartLaunch<'_> {
                         .map_or(0, |(_, r)| r + self.first_row as u64 * 8),
                 };
                 let cfg = LaunchConfig {
-                    grid_dim: (nwork as u32, 1, 1),
+                    grid_dim: (nwork as u32, groups as u32, 1),
                     block_dim: (FOLDED_THREADS, 1, 1),
                     shared_mem_bytes: smem,
                 };
@@ -361,23 +385,28 @@ impl PartLaunch<'_> {
                 );
             }
             if knn {
-                let counts = download(device, &out_count, nwork)?;
-                let rows = download(device, &out_rows, nwork * k)?;
-                let dists = download(device, &out_dist, nwork * k)?;
-                // Pairs leave in left row order.
+                let counts = download(device, &out_count, slots)?;
+                let rows = download(device, &out_rows, slots * k)?;
+                let dists = download(device, &out_dist, slots * k)?;
+                // Pairs leave in left row order, each group's list, then the groups' nearest.
                 let mut by_row: Vec<usize> = (0..nwork).collect();
                 by_row.sort_unstable_by_key(|&w| work[w]);
-                for w in by_row {
-                    let n = counts[w];
-                    let lrow = (r0 + work[w] as usize) as u32;
-                    for i in 0..n as usize {
-                        pairs.push(
-                            lrow,
-                            self.first_row as u32 + rows[w * k + i],
-                            dists[w * k + i],
-                        );
+                let per_group = (0..groups).map(|g| {
+                    let mut list = PairList::default();
+                    for &w in &by_row {
+                        let slot = g * nwork + w;
+                        let lrow = (r0 + work[w] as usize) as u32;
+                        for i in 0..counts[slot] as usize {
+                            list.push(
+                                lrow,
+                                self.first_row as u32 + rows[slot * k + i],
+                                dists[slot * k + i],
+                            );
+                        }
                     }
-                }
+                    list
+                });
+                pairs = merge_nearest(per_group.collect(), k, program.similarity);
                 break;
             }
             let found = download(device, &r_counter, 1)?[0];

@@ -23,6 +23,8 @@ pub struct GpuStats {
     pub kernel_nanos: u64,
     /// Largest device memory held at once by the index's own buffers (right side + one probe).
     pub peak_device_bytes: u64,
+    /// Most groups any launch cut its tiles into (1: a block per left row walked every tile).
+    pub most_tile_groups: usize,
 }
 
 static BYTES_TO_DEVICE: AtomicU64 = AtomicU64::new(0);
@@ -42,6 +44,7 @@ pub fn process_stats() -> GpuStats {
         bytes_to_device: BYTES_TO_DEVICE.load(Ordering::Relaxed),
         kernel_nanos: KERNEL_NANOS.load(Ordering::Relaxed),
         peak_device_bytes: PEAK_DEVICE_BYTES.load(Ordering::Relaxed),
+        most_tile_groups: 0,
     }
 }
 

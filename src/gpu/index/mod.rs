@@ -363,6 +363,7 @@ impl GpuIndex {
         stats.bytes_to_device += probe_stats.bytes_to_device;
         stats.kernel_nanos += probe_stats.kernel_nanos;
         stats.peak_device_bytes = stats.peak_device_bytes.max(probe_stats.peak_device_bytes);
+        stats.most_tile_groups = stats.most_tile_groups.max(probe_stats.most_tile_groups);
         drop(stats);
         record_process_stats(&probe_stats);
         result.map(|pairs| (pairs, probe_stats))
