@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 
+use arrow::buffer::ScalarBuffer;
 use rayon::prelude::*;
 
 use super::dense_codes::DenseCodes;
@@ -95,10 +96,12 @@ pub struct CpuIndex {
     pub(crate) key_base: Vec<f64>,
     pub(crate) columns: ColumnMap,
     pub(crate) column_count: usize,
-    /// Postings: column id → (row, value), rows increasing. Empty for dense columns.
+    /// Postings: column id → (row, value), rows increasing. Empty for dense columns. Buffers,
+    /// not vectors: an index read from an index file uses them where the file is mapped (a
+    /// fresh process's copy of 1.7 GB of postings into fresh pages was most of its time).
     pub(crate) col_ptr: Vec<usize>,
-    pub(crate) col_rows: Vec<u32>,
-    pub(crate) col_vals: Vec<f32>,
+    pub(crate) col_rows: ScalarBuffer<u32>,
+    pub(crate) col_vals: ScalarBuffer<f32>,
     /// Column id → its slot in `dense_vals`, or [`SPARSE`].
     pub(crate) dense_slot: Vec<u32>,
     /// Dense columns, slot-major: `dense_vals[slot * rows + row]`, zero where the row lacks it.
@@ -200,8 +203,8 @@ impl CpuIndex {
             columns,
             column_count,
             col_ptr: Vec::new(),
-            col_rows: Vec::new(),
-            col_vals: Vec::new(),
+            col_rows: ScalarBuffer::from(Vec::new()),
+            col_vals: ScalarBuffer::from(Vec::new()),
             dense_slot: Vec::new(),
             dense_vals: Vec::new(),
             col_lifts: Vec::new(),
@@ -291,8 +294,8 @@ impl CpuIndex {
         }
         let postings = counts[self.column_count];
         let mut fill = counts.clone();
-        self.col_rows = vec![0; postings];
-        self.col_vals = vec![0.0; postings];
+        let mut col_rows = vec![0u32; postings];
+        let mut col_vals = vec![0f32; postings];
         self.dense_vals = vec![0.0; dense as usize * self.rows];
         for r in 0..self.rows {
             let (idx, val) = right.row(r);
@@ -302,8 +305,8 @@ impl CpuIndex {
                     match self.dense_slot[col] {
                         SPARSE => {
                             let slot = &mut fill[col];
-                            self.col_rows[*slot] = r as u32;
-                            self.col_vals[*slot] = v;
+                            col_rows[*slot] = r as u32;
+                            col_vals[*slot] = v;
                             *slot += 1;
                         }
                         slot => self.dense_vals[slot as usize * self.rows + r] = v,
@@ -312,6 +315,8 @@ impl CpuIndex {
             }
         }
         self.col_ptr = counts;
+        self.col_rows = col_rows.into();
+        self.col_vals = col_vals.into();
     }
 
     /// `coded`, `coded_vals`, `col_codes`: the posting lists of few distinct values. Each list's

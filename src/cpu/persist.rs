@@ -1,6 +1,7 @@
 //! A built [`CpuIndex`] written to and read back from an index file (`src/index/file.rs`), so that
 //! a fresh process loads it instead of building it: the arrays as they are in memory, in one
-//! fixed order, each with its length, read straight into place.
+//! fixed order, each with its length, read straight into place, or, from a mapped file, the
+//! postings used where they lie.
 //!
 //! What the metric decides (its loops, its key form, whether it is a max or an exact-union sum)
 //! is not written: it is taken from the metric the file names, as the build took it. The blob
@@ -8,7 +9,12 @@
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
+use std::ptr::NonNull;
+use std::sync::Arc;
 
+use arrow::alloc::Allocation;
+use arrow::buffer::{Buffer, ScalarBuffer};
+use arrow::datatypes::ArrowNativeType;
 use datafusion::common::{exec_err, Result};
 
 use super::dense_codes::DenseCodes;
@@ -61,6 +67,17 @@ struct Reader<'a, R: Read> {
     left: u64,
 }
 
+/// Where a blob's arrays come from: a stream, copied into place ([`Reader`]), or a mapped file
+/// ([`MappedBlob`]).
+trait Source {
+    fn scalar(&mut self) -> Result<u64>;
+    fn array<T: Plain>(&mut self) -> Result<Vec<T>>;
+    /// An array the index keeps as a buffer (the postings): where the file is mapped, no copy.
+    fn buffer<T: Plain + ArrowNativeType>(&mut self) -> Result<ScalarBuffer<T>> {
+        Ok(self.array::<T>()?.into())
+    }
+}
+
 impl<R: Read> Reader<'_, R> {
     fn take(&mut self, bytes: u64) -> Result<()> {
         if bytes > self.left {
@@ -72,7 +89,9 @@ impl<R: Read> Reader<'_, R> {
         self.left -= bytes;
         Ok(())
     }
+}
 
+impl<R: Read> Source for Reader<'_, R> {
     fn scalar(&mut self) -> Result<u64> {
         self.take(8)?;
         let mut bytes = [0u8; 8];
@@ -98,6 +117,74 @@ impl<R: Read> Reader<'_, R> {
         let mut skip = [0u8; 8];
         self.input.read_exact(&mut skip[..pad as usize])?;
         Ok(values)
+    }
+}
+
+/// A blob in a mapped file; `owner` keeps the mapping alive for the buffers made from it.
+struct MappedBlob<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    owner: Arc<dyn Allocation>,
+}
+
+impl MappedBlob<'_> {
+    /// The next array's bytes (its length, then its elements and padding), checked to lie in
+    /// the blob.
+    fn next_array<T: Plain>(&mut self) -> Result<(&[u8], usize)> {
+        let len = self.scalar()?;
+        let size = len
+            .checked_mul(std::mem::size_of::<T>() as u64)
+            .filter(|&s| s <= (self.bytes.len() - self.at) as u64);
+        let Some(size) = size else {
+            return exec_err!("the index holds an array of {len} elements past its section");
+        };
+        let (start, size) = (self.at, size as usize);
+        let padded = size + (8 - size % 8) % 8;
+        if padded > self.bytes.len() - start {
+            return exec_err!("the index's arrays run past their section");
+        }
+        self.at += padded;
+        Ok((&self.bytes[start..start + size], len as usize))
+    }
+}
+
+impl Source for MappedBlob<'_> {
+    fn scalar(&mut self) -> Result<u64> {
+        let Some(bytes) = self.bytes.get(self.at..self.at + 8) else {
+            return exec_err!("the index's arrays run past their section");
+        };
+        self.at += 8;
+        Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
+    }
+
+    fn array<T: Plain>(&mut self) -> Result<Vec<T>> {
+        let (bytes, len) = self.next_array::<T>()?;
+        let mut values = vec![T::default(); len];
+        bytes_of_mut(&mut values).copy_from_slice(bytes);
+        Ok(values)
+    }
+
+    fn buffer<T: Plain + ArrowNativeType>(&mut self) -> Result<ScalarBuffer<T>> {
+        let owner = Arc::clone(&self.owner);
+        let (bytes, len) = self.next_array::<T>()?;
+        if bytes.is_empty() || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
+        {
+            // (arrays start 8-aligned in a 64-aligned section of a page-aligned mapping: only
+            // a file written otherwise lands here)
+            let mut values = vec![T::default(); len];
+            bytes_of_mut(&mut values).copy_from_slice(bytes);
+            return Ok(values.into());
+        }
+        // SAFETY: the bytes lie in the mapping `owner` keeps alive for as long as the buffer;
+        // the pointer is aligned for T (checked) and `Plain` values take any bit pattern.
+        let buffer = unsafe {
+            Buffer::from_custom_allocation(
+                NonNull::new(bytes.as_ptr() as *mut u8).expect("a mapped address"),
+                bytes.len(),
+                owner,
+            )
+        };
+        Ok(ScalarBuffer::new(buffer, 0, len))
     }
 }
 
@@ -167,11 +254,26 @@ impl CpuIndex {
     /// Reads an index that [`CpuIndex::write_to`] wrote for `metric`, from a blob of `len`
     /// bytes. Its arrays are checked against each other before any probe relies on them.
     pub fn read_from(metric: &Metric, input: &mut impl Read, len: u64) -> Result<Self> {
-        with_semiring!(metric, s => Self::read_with(&s, input, len))
+        let mut r = Reader { input, left: len };
+        with_semiring!(metric, s => Self::read_with(&s, &mut r))
     }
 
-    fn read_with<S: Semiring>(s: &S, input: &mut impl Read, len: u64) -> Result<Self> {
-        let mut r = Reader { input, left: len };
+    /// [`CpuIndex::read_from`] over a blob of a mapped file: the postings stay where they are
+    /// mapped (`owner` is the mapping, kept alive by the index).
+    pub(crate) fn read_mapped(
+        metric: &Metric,
+        bytes: &[u8],
+        owner: Arc<dyn Allocation>,
+    ) -> Result<Self> {
+        let mut r = MappedBlob {
+            bytes,
+            at: 0,
+            owner,
+        };
+        with_semiring!(metric, s => Self::read_with(&s, &mut r))
+    }
+
+    fn read_with<S: Semiring>(s: &S, r: &mut impl Source) -> Result<Self> {
         let rows = r.scalar()? as usize;
         let column_count = r.scalar()? as usize;
         let max_row_len = r.scalar()? as usize;
@@ -195,8 +297,8 @@ impl CpuIndex {
             tag => return exec_err!("the index's column map has an unknown kind {tag}"),
         };
         let col_ptr = from_u64s(r.array()?);
-        let col_rows = r.array::<u32>()?;
-        let col_vals = r.array::<f32>()?;
+        let col_rows = r.buffer::<u32>()?;
+        let col_vals = r.buffer::<f32>()?;
         let dense_slot = r.array::<u32>()?;
         let dense_vals = r.array::<f32>()?;
         let col_lifts = r.array::<f64>()?;
@@ -374,13 +476,28 @@ mod tests {
             let mut again = Vec::new();
             read.write_to(&mut again).expect("written again");
             assert_eq!(blob, again, "{}: the arrays read back differ", kind.name());
+            // The same blob as a mapped file gives it: its postings are used where they lie.
+            let held: Arc<Vec<u8>> = Arc::new(blob.clone());
+            let mapped = CpuIndex::read_mapped(&metric, &held, Arc::clone(&held) as _)
+                .expect("read in place");
+            let inside = |p: *const u8| held.as_ptr_range().contains(&p);
+            assert!(
+                mapped.col_rows.is_empty()
+                    || (inside(mapped.col_rows.as_ptr().cast())
+                        && inside(mapped.col_vals.as_ptr().cast())),
+                "{}: the postings were copied out of the blob",
+                kind.name()
+            );
             for selection in [Selection::Nearest(7), Selection::Within(1e9)] {
                 let a = crate::cpu::probe(&built, &left, selection, ProbeOptions::default());
-                let b = crate::cpu::probe(&read, &left, selection, ProbeOptions::default());
-                assert_eq!(a.left, b.left, "{}", kind.name());
-                assert_eq!(a.right, b.right, "{}", kind.name());
-                let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a.distance), bits(&b.distance), "{}", kind.name());
+                for (b, how) in [(&read, "read"), (&mapped, "mapped")] {
+                    let b = crate::cpu::probe(b, &left, selection, ProbeOptions::default());
+                    let what = format!("{} {how}", kind.name());
+                    assert_eq!(a.left, b.left, "{what}");
+                    assert_eq!(a.right, b.right, "{what}");
+                    let bits = |d: &[f64]| d.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&a.distance), bits(&b.distance), "{what}");
+                }
             }
         }
     }
@@ -396,14 +513,16 @@ mod tests {
         for cut in [0, 7, 8, 100, blob.len() / 2, blob.len() - 1] {
             let short = &blob[..cut];
             assert!(CpuIndex::read_from(&metric, &mut &short[..], short.len() as u64).is_err());
+            let held: Arc<Vec<u8>> = Arc::new(short.to_vec());
+            assert!(CpuIndex::read_mapped(&metric, &held, Arc::clone(&held) as _).is_err());
         }
         // A posting's row past the last row: refused by the consistency check.
         let index = CpuIndex::build(&right, &metric);
         let mut damaged = Vec::new();
         let mut bad = index;
-        if let Some(r) = bad.col_rows.first_mut() {
-            *r = 10_000;
-        }
+        let mut rows = bad.col_rows.to_vec();
+        rows[0] = 10_000;
+        bad.col_rows = rows.into();
         bad.write_to(&mut damaged).expect("written");
         let err = CpuIndex::read_from(&metric, &mut damaged.as_slice(), damaged.len() as u64)
             .expect_err("damaged");
