@@ -103,6 +103,8 @@ fn ptxas_report(log: &str, kernel: &str) -> (u32, u32) {
 /// more would put the walk's registers in local memory, slower than the three blocks the
 /// compiler's own choice runs. (At this bound ptxas keeps some radius kernels' per-thread
 /// shared-memory address in local memory, 4 bytes, reloaded once per chunk of left nonzeros.)
+/// The lifted metrics, compiled for three blocks, fit its 40 registers with at most 32 bytes
+/// spilled.
 /// Needs ptxas (pip's nvidia-cuda-nvcc), named by SPARSE_KNN_PTXAS; CI sets it and
 /// SPARSE_KNN_REQUIRE_PTXAS=1, without which a missing ptxas skips with a note.
 #[test]
@@ -144,6 +146,15 @@ fn four_block_folded_kernels_fit_32_registers() {
                     registers <= 32 && spills <= 4,
                     "{} {kernel}: {registers} registers, {spills} bytes spilled under a bound of \
                      four blocks of 512 (take it off FOUR_BLOCK_METRICS in src/gpu/kernels.rs)",
+                    program.name
+                );
+            } else if blocks == 3 {
+                // (jensenshannon spills 24-32 bytes here and was still measured the faster;
+                // more would be a different kernel, to measure again)
+                assert!(
+                    registers <= 40 && spills <= 32,
+                    "{} {kernel}: {registers} registers, {spills} bytes spilled under a bound of \
+                     three blocks of 512 (see THREE_BLOCK_METRICS in src/gpu/kernels.rs)",
                     program.name
                 );
             } else {

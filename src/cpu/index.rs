@@ -19,8 +19,7 @@ use super::vectors::Vectors;
 
 use crate::join::{Cancel, PairList, ProbeOptions, Selection};
 use crate::metric::{
-    one_sided_sum, sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring,
-    Side,
+    sorted_nonzeros, with_semiring, KeyForm, Metric, Reduction, RowTotals, Semiring,
 };
 use crate::vector::SparseBatch;
 
@@ -251,11 +250,16 @@ impl CpuIndex {
             index.build_rows_by_magnitude(right, nnz);
         } else if index.union_sum {
             index.build_row_entries(right, nnz);
-            index.one_sided = (0..rows)
-                .map(|r| one_sided_sum(s, index.right_entries(r), Side::Right))
-                .collect();
             index.union_rows = UnionRows::derive(s, &index.columns, &index.row_entries)
                 .expect("every column of the build side is in its column map");
+            // Each row's `one_sided_sum` from the right-only terms just computed: the terms it
+            // takes, added in its order (the same bits), without a second libm pow or log per
+            // stored value (minkowski p = 2.5's build on news20 was 0.26 s to cosine's 0.06).
+            let (ptr, terms) = (&index.row_ptr, &index.union_rows.terms);
+            index.one_sided = (0..rows)
+                .into_par_iter()
+                .map(|r| terms[ptr[r]..ptr[r + 1]].iter().fold(0.0, |sum, t| sum + t))
+                .collect();
         }
         index
     }
@@ -380,11 +384,6 @@ impl CpuIndex {
         let &(start, end) = self.coded.get(col)?;
         let range = start as usize..end as usize;
         (end > start).then(|| (&self.coded_vals[range.clone()], &self.coded_lifts[range]))
-    }
-
-    /// Right row `j`'s entries in `row_entries`.
-    pub(crate) fn right_entries(&self, j: usize) -> &[(i32, f32)] {
-        &self.row_entries[self.row_ptr[j]..self.row_ptr[j + 1]]
     }
 
     /// `row_entries`: each right row as `metric::sorted_nonzeros` gives it.

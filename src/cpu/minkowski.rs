@@ -106,6 +106,12 @@ pub(crate) fn accumulate_minkowski<S: Semiring>(
         accumulate_power(s, index, row, ws, Products::<3>)
     } else if p == 4.0 {
         accumulate_power(s, index, row, ws, Products::<4>)
+    } else if p == 1.5 {
+        accumulate_power(s, index, row, ws, HalfProducts::<1>)
+    } else if p == 2.5 {
+        accumulate_power(s, index, row, ws, HalfProducts::<2>)
+    } else if p == 3.5 {
+        accumulate_power(s, index, row, ws, HalfProducts::<3>)
     } else {
         accumulate_power(s, index, row, ws, Fast(p))
     }
@@ -141,6 +147,28 @@ impl<const P: u32> Power for Products<P> {
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         pow(t, P as f64)
+    }
+}
+
+/// p = N + ½ for N in 1..=3: `tᴺ·√t`, N − 1 products, a square root and a product, each
+/// correctly rounded, so within (N + 1)·2⁻⁵³ relative, far inside [`POW_ERROR`] that the bounds
+/// allow. No underflow or overflow to mind: t is a difference of float32 values, below 2¹²⁹, so
+/// tᵖ stays below 2⁴⁵², and above 2⁻¹⁵⁰ when not 0, so tᵖ stays above 2⁻⁵²⁵. Where
+/// [`fast_pow`]'s exponential of a logarithm (two divisions and some forty operations a pair)
+/// made p = 2.5 take 3.1x cosine's time on news20 against 1.8x for p = 3.
+#[derive(Clone, Copy)]
+struct HalfProducts<const N: u32>;
+
+impl<const N: u32> Power for HalfProducts<N> {
+    const LIFTS: bool = true;
+    #[inline(always)]
+    fn power(self, t: f64) -> f64 {
+        let whole = match N {
+            1 => t,
+            2 => t * t,
+            _ => t * t * t,
+        };
+        whole * t.sqrt()
     }
 }
 
@@ -340,6 +368,23 @@ mod tests {
             }
         }
         assert!(worst > 0.0);
+        // The half-integer powers' products and square root, over the same differences.
+        for case in 0..100_000 {
+            let bits = rng.random_range(0..0x7f7f_ffffu32);
+            let (x, y) = (f32::from_bits(bits), rng.random_range(-4.0f32..4.0));
+            let t = (x as f64 - y as f64).abs();
+            let (ours, p) = match case % 3 {
+                0 => (HalfProducts::<1>.power(t), 1.5),
+                1 => (HalfProducts::<2>.power(t), 2.5),
+                _ => (HalfProducts::<3>.power(t), 3.5),
+            };
+            let want = t.powf(p);
+            assert!(want == 0.0 || want.is_normal(), "{t}^{p} = {want:e}");
+            assert!(
+                (ours - want).abs() <= POW_ERROR / 2.0 * want,
+                "{t}^{p} = {ours:e}, want {want:e}"
+            );
+        }
         assert_eq!(fast_pow(0.0, 2.5), 0.0);
         assert_eq!(fast_pow(1.0, 7.3), 1.0);
     }

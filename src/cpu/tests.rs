@@ -505,7 +505,8 @@ fn a_block_of_the_radius_filter_rule_keeps_the_rows_of_the_rule_row_by_row() {
 /// The certified metrics' answers are `Metric::distance` (the union over both rows, as the GPU's
 /// exact step computes it) bit for bit, ties by right row, for knn and radius: on rows of small
 /// integers (many exact ties, equal values in shared columns), with long rows, rows sharing no
-/// column with the left row, and minkowski of integer and non-integer p (the fast pow's bounds).
+/// column with the left row, and minkowski of integer, half-integer and other p (the fast pow's
+/// bounds).
 #[test]
 fn certified_answers_are_the_union_distances_bit_for_bit() {
     let mut rng = StdRng::seed_from_u64(29);
@@ -518,12 +519,25 @@ fn certified_answers_are_the_union_distances_bit_for_bit() {
         Metric::from_kind(MetricKind::Hellinger, None, None).unwrap(),
         Metric::from_kind(MetricKind::JensenShannon, None, None).unwrap(),
     ];
-    for p in [1.0, 2.0, 2.5, 3.0, 1.37, 7.25] {
+    for p in [1.0, 2.0, 2.5, 3.0, 1.5, 3.5, 1.37, 7.25] {
         metrics.push(Metric::from_kind(MetricKind::Minkowski, Some(p), None).unwrap());
     }
     for metric in &metrics {
         let index = CpuIndex::build(&right, metric);
         assert!(index.dense_columns() > 0);
+        // Each right row's one-sided sum (taken from the union rows' terms) is
+        // `one_sided_sum`'s, bit for bit: the disjoint pairs' distances come from it.
+        for r in 0..right.len() {
+            let entries = &index.row_entries[index.row_ptr[r]..index.row_ptr[r + 1]];
+            let want = crate::with_semiring!(metric, s => {
+                crate::metric::one_sided_sum(&s, entries, crate::metric::Side::Right)
+            });
+            assert_eq!(
+                index.one_sided[r].to_bits(),
+                want.to_bits(),
+                "{metric}: right row {r}"
+            );
+        }
         let k = 8;
         let got = probe(
             &index,

@@ -95,6 +95,9 @@ kernel_args! {
         tile_ptr: DevPtr = "const u32*",
         /// The inverted lists' entries: (right row, value bits) as `uint2` (src/gpu/prepare.rs).
         col_entries: DevPtr = "const uint2*",
+        /// A lifted metric (jensenshannon, kl_divergence, hellinger): each entry's lift, in the
+        /// entries' order (`entry_lifts`); 0 (null) otherwise.
+        col_lift: DevPtr = "const double*",
         /// A max (chebyshev): each right entry's rank in its row by |y| descending (255 from
         /// there on), and each right row's TOP_VALUES largest |y| (see `max_pair` in knn.cu);
         /// the same for the left chunk (ranks per entry, values per work row).

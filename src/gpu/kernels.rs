@@ -36,6 +36,9 @@ pub struct MetricProgram {
     pub certified: bool,
     pub similarity: bool,
     pub two_accumulators: bool,
+    /// The pair reads a per-value lift (`Semiring::LIFTED`): the right side's lists carry each
+    /// entry's lift beside it (`entry_lifts` in kernels/knn.cu).
+    pub lifted: bool,
     /// The pair term is a constant times x·y and the distance does not subtract the sum from
     /// the rows' totals (dot, cosine): a sum over dense columns is a matrix product, which the
     /// tensor cores take (`dense_gemm`) with float32 accuracy. The expanded forms (euclidean,
@@ -66,6 +69,7 @@ impl MetricProgram {
             certified: certified::<S>(),
             similarity: S::SIMILARITY,
             two_accumulators: S::TWO_ACCUMULATORS,
+            lifted: S::LIFTED,
             bilinear,
             zero_distance: if bilinear { zero_distance(s) } else { None },
             key_form: S::KEY,
@@ -175,8 +179,8 @@ pub fn module_source<S: Semiring>() -> String {
 /// registers, which lets only three blocks run (call BC on an H200, old and new alternated, same
 /// tiles: movielens cosine kernels 1.263 -> 1.127 s, nytimes 1.85 -> 1.65 s, chebyshev 3.50 ->
 /// 2.39 s; scrna cosine, whose folded kernel only finishes the tensor cores' pairs, 0.73 -> 0.80 s).
-/// The others (a division, a logarithm, a power or a square root per term) spill at 32 and keep
-/// the compiler's choice.
+/// The others (a division, a logarithm, a power or a square root per term) spill at 32: the
+/// lifted ones take three blocks ([`THREE_BLOCK_METRICS`]), the rest keep the compiler's choice.
 const FOUR_BLOCK_METRICS: [&str; 11] = [
     "braycurtis",
     "chebyshev",
@@ -191,6 +195,15 @@ const FOUR_BLOCK_METRICS: [&str; 11] = [
     "sqeuclidean",
 ];
 
+/// The lifted metrics, compiled for three blocks of 512 a SM (40 registers a thread), whose pairs
+/// read both lifts computed (`entry_lifts`): left to itself the compiler takes 48-64 registers
+/// and two blocks run. H200, movielens_full (anchors.py's shape), full self-join, the same binary
+/// with `SPARSE_KNN_GPU_MIN_BLOCKS=3` against without: jensenshannon 6.45 -> 5.69 s, kl_divergence
+/// 4.85 -> 4.01 s, hellinger 4.44 -> 3.60 s (manhattan 2.60 s). jensenshannon's kernels spill 24-32
+/// bytes a thread at this bound and are still the faster (`tests/nvrtc_compile.rs` holds them to
+/// that).
+const THREE_BLOCK_METRICS: [&str; 3] = ["hellinger", "jensenshannon", "kl_divergence"];
+
 /// The folded kernels' `__launch_bounds__` minimum of blocks a SM (`FOLDED_MIN_BLOCKS`; 0: no
 /// bound). `SPARSE_KNN_GPU_MIN_BLOCKS` overrides it (benchmarks).
 pub fn folded_min_blocks(metric: &str) -> u32 {
@@ -202,6 +215,8 @@ pub fn folded_min_blocks(metric: &str) -> u32 {
     }
     if FOUR_BLOCK_METRICS.contains(&metric) {
         4
+    } else if THREE_BLOCK_METRICS.contains(&metric) {
+        3
     } else {
         0
     }

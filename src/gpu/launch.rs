@@ -322,6 +322,7 @@ impl PartLaunch<'_> {
                     col_ids: addr(device, col_ids),
                     tile_ptr: addr(device, &self.part.tile_ptr),
                     col_entries: addr(device, &self.part.col_entries),
+                    col_lift: addr(device, &self.part.col_lift),
                     col_ranks: addr(device, &self.part.col_ranks),
                     r_top: addr(device, &self.part.r_top),
                     l_rank: addr(device, &l_rank),

@@ -28,12 +28,12 @@ pub fn cuda_definition<S: Semiring>() -> String {
     let [tx, tprm] = src.total_names;
     let [px, py, pprm] = src.pair_names;
     let [acc0, acc1, l, r, fprm] = src.finish_names;
-    // The GPU computes the right value's lift in place, per pair: the CPU's saving (a
-    // transcendental per stored value instead of per pair) would cost the GPU a second gathered
-    // load per pair. The left value's is the same for every posting of its column's list, so
-    // the kernels compute it once per left entry and pass it (`pair0_lifted`): a logarithm a
-    // posting fewer for jensenshannon and kl_divergence.
-    let (lift, plets, lifted_lets, lx_name) = match src.lift {
+    // Both values' lifts come computed: the left value's is the same for every posting of its
+    // column's list, so the kernels compute it once per left entry, and the right value's once
+    // per posting of the right side's lists when they are made (`entry_lifts`, read beside the
+    // entry in one more coalesced load): a logarithm (jensenshannon, kl_divergence) or square
+    // root (hellinger) a pair fewer, the same bits as computing them in place (`pair0`).
+    let (lift, plets, lifted_lets, lx_name, ly_name) = match src.lift {
         Some(([v, lprm], text, [lx, ly])) => (
             format!(
                 "    __device__ static double lift(double {v}, const Params& {lprm}) \
@@ -43,11 +43,9 @@ pub fn cuda_definition<S: Semiring>() -> String {
                 "const double {lx} = lift({px}, {pprm}); const double {ly} = lift({py}, {pprm}); {}",
                 lets(src.pair_lets)
             ),
-            format!(
-                "const double {ly} = lift({py}, {pprm}); {}",
-                lets(src.pair_lets)
-            ),
+            lets(src.pair_lets),
             lx,
+            ly,
         ),
         None => (
             "    __device__ static double lift(double, const Params&) { return 0.0; }\n"
@@ -55,6 +53,7 @@ pub fn cuda_definition<S: Semiring>() -> String {
             lets(src.pair_lets),
             lets(src.pair_lets),
             "lift_x_unused",
+            "lift_y_unused",
         ),
     };
     let flets = lets(src.finish_lets);
@@ -118,9 +117,9 @@ pub fn cuda_definition<S: Semiring>() -> String {
          {{ {plets}return {p1}; }}\n\
          \x20   static constexpr bool LIFTED = {lifted};\n\
          \x20   __device__ static double pair0_lifted(double {px}, double {lx_name}, double {py}, \
-         const Params& {pprm}) {{ {lifted_lets}return {p0}; }}\n\
+         double {ly_name}, const Params& {pprm}) {{ {lifted_lets}return {p0}; }}\n\
          \x20   __device__ static double pair1_lifted(double {px}, double {lx_name}, double {py}, \
-         const Params& {pprm}) {{ {lifted_lets}return {p1}; }}\n\
+         double {ly_name}, const Params& {pprm}) {{ {lifted_lets}return {p1}; }}\n\
          \x20   __device__ static double finish(double {acc0}, double {acc1}, const Totals& {l}, \
          const Totals& {r}, const Params& {fprm}) {{ {flets}return {fin}; }}\n\
          {term}\

@@ -70,6 +70,9 @@ pub(crate) struct HostPart {
     /// ([`max_ranks`]); empty otherwise.
     pub(crate) col_ranks: Vec<u8>,
     pub(crate) r_top: Vec<f32>,
+    /// A lifted metric ([`MetricProgram::lifted`]): the device keeps each entry's lift beside
+    /// the entries (8 bytes each), computed there once the lists are ([`upload_part`]).
+    pub(crate) entry_lifts: bool,
     /// A max whose lists are built on the device: each entry's rank in its row, in the part's
     /// CSR order (the device places them beside the entries).
     pub(crate) entry_ranks: Vec<u8>,
@@ -100,6 +103,12 @@ impl HostPart {
         4 + fast_kind(self.dense_flags, self.dense_kp).bytes()
     }
 
+    /// The inverted lists' entries, built on the host or left for the device.
+    pub(crate) fn entries(&self) -> usize {
+        self.device_lists
+            .map_or(self.col_entries.len(), |lists| lists.entries)
+    }
+
     pub(crate) fn device_bytes(&self) -> u64 {
         (self.dense_n_pad * self.dense_kp * self.dense_bytes_per_value()
             + self.dense_slot.len() * 4
@@ -111,6 +120,7 @@ impl HostPart {
             + self.col_entries.len() * 8
             + self.col_ranks.len()
             + self.r_top.len() * 4
+            + usize::from(self.entry_lifts) * 8 * self.entries()
             + self.device_lists.map_or(0, |lists| {
                 let ranks = usize::from(!self.entry_ranks.is_empty());
                 lists.entries * (8 + ranks) + lists.ncols * (self.ntiles + 1) * 4
@@ -130,6 +140,8 @@ pub(crate) struct DevPart {
     pub(crate) col_entries: CudaSlice<u64>,
     pub(crate) col_ranks: CudaSlice<u8>,
     pub(crate) r_top: CudaSlice<f32>,
+    /// Each entry's lift, for a lifted metric (empty otherwise; see [`HostPart::entry_lifts`]).
+    pub(crate) col_lift: CudaSlice<f64>,
     pub(crate) y_min: f64,
     pub(crate) y_max: f64,
     pub(crate) bytes: u64,
@@ -160,7 +172,8 @@ pub(crate) fn estimate_bytes(
     } else {
         0
     };
-    nnz * 8
+    // (a lifted metric's entries carry their lifts: 8 bytes more each)
+    nnz * if program.lifted { 16 } else { 8 }
         + max_extra
         + dense_bytes
         + rows * 2 * program.acc_bytes() as u64
@@ -211,6 +224,7 @@ pub(crate) fn prepare_part(
         first_row: start,
         rows,
         valid_bits: valid_bits(right, start, end),
+        entry_lifts: program.lifted,
         ..Default::default()
     };
     if let Some(dense) = dense {

@@ -1,12 +1,13 @@
 //! A prepared part moved to the device: its buffers uploaded, its inverted lists built there when
 //! the host left them for the device (`lists`), and its dense block filled.
 
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use datafusion::common::Result;
 
-use super::super::device::Device;
+use super::super::device::{cuda_err, Device};
 use super::super::kernels::MetricProgram;
 use super::super::lists::ListSource;
-use super::super::memory::upload;
+use super::super::memory::{addr, upload, zeros};
 use super::super::stats::GpuStats;
 use super::*;
 
@@ -34,10 +35,51 @@ pub(crate) fn upload_part(
             started.elapsed()
         );
     }
+    if host.entry_lifts {
+        part.col_lift = entry_lifts(device, program, host, &part)?;
+    }
     if host.dense_kp > 0 {
         part.dense = Some(fill_dense(device, program, host, &part, stats)?);
     }
     Ok(part)
+}
+
+/// Each list entry's lift, computed on the device from the entries in place (`entry_lifts` in
+/// kernels/knn.cu: the very `lift` the pairs read, so their bits are those of computing it per
+/// pair).
+fn entry_lifts(
+    device: &Device,
+    program: &MetricProgram,
+    host: &HostPart,
+    part: &DevPart,
+) -> Result<CudaSlice<f64>> {
+    let n = host.entries();
+    let lifts = zeros::<f64>(device, n)?;
+    if n == 0 {
+        return Ok(lifts);
+    }
+    let f = device.function(program, "entry_lifts", 0)?;
+    let threads = 256u32;
+    let cfg = LaunchConfig {
+        grid_dim: (n.div_ceil(threads as usize).min(1 << 16) as u32, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (entries, out, count) = (
+        addr(device, &part.col_entries),
+        addr(device, &lifts),
+        n as i64,
+    );
+    let (p, d) = (program.params.p, program.params.d);
+    let mut b = device.stream.launch_builder(&f);
+    b.arg(&entries).arg(&out).arg(&count).arg(&p).arg(&d);
+    // SAFETY: the kernel's parameters are (const uint2*, double*, long long, double, double) in
+    // this order; both buffers hold `n` elements (the lists' entries, built or uploaded above,
+    // and the lifts just allocated) and live as long as the part. No wait here: a resident
+    // part's upload is waited on before any probe (`layout.rs`), and a part streamed per probe
+    // is uploaded on the stream that then runs its kernels.
+    unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
+    Ok(lifts)
 }
 
 fn upload_lists(device: &Device, host: &HostPart, stats: &mut GpuStats) -> Result<DevPart> {
@@ -51,6 +93,7 @@ fn upload_lists(device: &Device, host: &HostPart, stats: &mut GpuStats) -> Resul
         col_entries: upload(device, &host.col_entries, stats)?,
         col_ranks: upload(device, &host.col_ranks, stats)?,
         r_top: upload(device, &host.r_top, stats)?,
+        col_lift: zeros::<f64>(device, 0)?,
         y_min: host.y_min,
         y_max: host.y_max,
         bytes: host.device_bytes(),
