@@ -4,13 +4,16 @@ pynndescent for the graph), on the CPU.
     python python/bench/bench_estimator.py lookups  --rows 100000 --calls 1000
     python python/bench/bench_estimator.py graph    --parquet data/pbmc_facs_counts.parquet
     python python/bench/bench_estimator.py pairwise --parquet data/news20_bow.parquet --queries 1000
+    python python/bench/bench_estimator.py pairwise --parquet ../shared/data/news20_bow.parquet \
+        --take 10000 --queries 0
 
 lookups:  NearestNeighbors.fit once, then --calls one-row kneighbors calls (rows of the fitted
           matrix, sliced beforehand), against scikit-learn's NearestNeighbors(algorithm='brute')
           fitted on the same matrix doing the same; per-call times and how many answers agree.
 graph:    kneighbors_graph(mode='distance') of every row (fit included) against scikit-learn's
           brute force and pynndescent's NNDescent (its recall against the exact graph).
-pairwise: pairwise_distances(X[:queries], X) against sklearn.metrics.pairwise_distances.
+pairwise: pairwise_distances(X[:queries], X) against sklearn.metrics.pairwise_distances
+          (--take: X is the file's first rows; --queries 0: all of them).
 
 Timings are the best of --repeat; ours run with device='cpu'.
 """
@@ -51,7 +54,10 @@ def header(X: sp.csr_matrix, what: str) -> None:
 
 def data(args) -> tuple[sp.csr_matrix, str]:
     if args.parquet:
-        return load_parquet(args.parquet), args.parquet
+        X = load_parquet(args.parquet)
+        if args.take:
+            return X[: args.take], f"{args.parquet} (its first {args.take} rows)"
+        return X, args.parquet
     what = f"power-law rows={args.rows} cols={args.cols} degree={args.degree} seed={args.seed}"
     return power_law(args.rows, args.cols, args.degree, args.seed), what
 
@@ -143,6 +149,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("what", choices=["lookups", "graph", "pairwise"])
     parser.add_argument("--parquet", help="a Parquet file with a sparse vector column")
+    parser.add_argument("--take", type=int, default=0, help="only the first rows of --parquet (0 = all)")
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--cols", type=int, default=50_000)
     parser.add_argument("--degree", type=int, default=60, help="typical nonzeros per row")

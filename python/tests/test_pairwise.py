@@ -86,3 +86,54 @@ def test_dot_is_the_dot_product(counts):
     got = knn.pairwise_distances(X, Y, metric="dot")
     ref = (X @ Y.T).toarray()
     np.testing.assert_allclose(got, ref, rtol=1e-5)
+
+
+# The metrics whose blocks the CPU fills directly (the folded ones), and those whose distances
+# come from union terms, which a fitted index probes within an infinite radius.
+FOLDED_METRICS = [
+    "dot", "cosine", "euclidean", "sqeuclidean", "manhattan", "canberra", "braycurtis",
+    "hamming", "jaccard", "dice", "russellrao", "correlation", "kl_divergence",
+]
+UNION_METRICS = ["chebyshev", "minkowski", "hellinger", "jensenshannon"]
+
+
+def _both_paths(metric, X, Y):
+    """The CPU's dense block and the fitted index's radius probe (the crate's other path) of the
+    same rows, or None for the dense block where it does not apply."""
+    from datafusion_sparse_knn._inputs import _options, _rows
+    from datafusion_sparse_knn._internal import DenseBlockIndex, FittedIndex
+
+    x_rows, _, columns = _rows(X, "X")
+    y_rows, _, _ = _rows(Y, "Y")
+    text = _options(metric, {"device": "cpu"}, columns)
+    block = DenseBlockIndex.fit(y_rows, metric, text)
+    n, out = FittedIndex.fit(y_rows, metric, text).pairwise(x_rows)
+    probed = np.frombuffer(out, np.float64).reshape(n, Y.shape[0])
+    return (None if block is None else block.pairwise(x_rows)), probed
+
+
+@pytest.mark.parametrize("metric", FOLDED_METRICS)
+def test_dense_block_gives_the_probes_distances(kos, metric):
+    got, probed = _both_paths(metric, kos[:50], kos[50:250])
+    assert got is not None and got.shape == (50, 200) and got.flags.c_contiguous
+    assert np.array_equal(got, probed), metric
+
+
+@pytest.mark.parametrize("metric", UNION_METRICS)
+def test_union_metrics_take_the_fitted_index(kos, metric):
+    got, probed = _both_paths(metric, kos[:5], kos[5:40])
+    assert got is None
+    assert knn.pairwise_distances(kos[:5], kos[5:40], metric=metric).tolist() == probed.tolist()
+
+
+@pytest.mark.parametrize("metric", ["cosine", "euclidean", "manhattan", "dot", "kl_divergence"])
+def test_rows_against_themselves(kos, metric):
+    # Y=None (or Y is X): each pair computed once and mirrored, for a symmetric metric. Word
+    # counts are integers, so every sum is exact and a pair gives the same bits from either
+    # side: the block equals the one of a copy of the rows (computed row by row, both ways).
+    X = kos[:220]
+    got = knn.pairwise_distances(X, metric=metric)
+    assert np.array_equal(got, knn.pairwise_distances(X, X, metric=metric))
+    assert np.array_equal(got, knn.pairwise_distances(X, X.copy(), metric=metric))
+    if metric != "kl_divergence":
+        assert np.array_equal(got, got.T)

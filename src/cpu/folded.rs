@@ -281,6 +281,54 @@ impl Outside {
 pub(crate) fn accumulate<S: Semiring>(
     s: &S,
     index: &CpuIndex,
+    row: (&[i32], &[f32]),
+    ws: &mut FoldedScratch,
+) -> RowTotals {
+    let n = index.rows;
+    let left_totals = classify(s, index, row, ws);
+    let acc0 = &mut ws.acc0[..n];
+    let acc1: &mut [f64] = if S::TWO_ACCUMULATORS {
+        &mut ws.acc1[..n]
+    } else {
+        &mut []
+    };
+
+    add_dense_hits(s, index, &ws.dense_hits, 0..n, acc0, acc1);
+    // Coded dense columns (certified metrics only): a pair per distinct value, a byte per row.
+    for &(slot, x) in &ws.coded_hits {
+        let Some((distinct, lifts, codes)) = index.dense_codes.column(slot, n) else {
+            continue;
+        };
+        let (lx, mut table0, mut table1) = (s.lift(x), [0.0f64; 256], [0.0f64; 256]);
+        for (i, (&y, &ly)) in distinct.iter().zip(lifts).enumerate() {
+            (table0[i + 1], table1[i + 1]) = s.pair_lifted(x, lx, y, ly);
+        }
+        for (a, &code) in acc0.iter_mut().zip(codes) {
+            *a += table0[code as usize];
+        }
+        if S::TWO_ACCUMULATORS {
+            for (a, &code) in acc1.iter_mut().zip(codes) {
+                *a += table1[code as usize];
+            }
+        }
+    }
+
+    let hits = &ws.sparse_hits;
+    for (h, &(col, x)) in hits.iter().enumerate() {
+        prefetch_next_lists::<S>(index, hits, h);
+        let postings = index.col_ptr[col as usize]..index.col_ptr[col as usize + 1];
+        add_postings(s, index, (col, x), postings, 0, acc0, acc1);
+    }
+
+    left_totals
+}
+
+/// The left row's totals, and its nonzeros on columns of the right side by their layout
+/// (`ws.dense_hits`, `ws.coded_hits`, `ws.sparse_hits`), in the row's order.
+#[inline(always)]
+pub(crate) fn classify<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
     ws: &mut FoldedScratch,
 ) -> RowTotals {
@@ -302,14 +350,22 @@ pub(crate) fn accumulate<S: Semiring>(
             slot => ws.dense_hits.push((slot, x)),
         }
     }
-    let acc0 = &mut ws.acc0[..n];
-    let acc1: &mut [f64] = if S::TWO_ACCUMULATORS {
-        &mut ws.acc1[..n]
-    } else {
-        &mut []
-    };
+    left_totals
+}
 
-    let range = |slot: u32| slot as usize * n..(slot as usize + 1) * n;
+/// The dense columns `hits` (slot, left value) of one left row added to the accumulators of the
+/// right rows `rows` (`acc0[i]` is right row `rows.start + i`'s), four columns at a time.
+#[inline(always)]
+pub(crate) fn add_dense_hits<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
+    hits: &[(u32, f32)],
+    rows: std::ops::Range<usize>,
+    acc0: &mut [f64],
+    acc1: &mut [f64],
+) {
+    let n = index.rows;
+    let range = |slot: u32| slot as usize * n + rows.start..slot as usize * n + rows.end;
     let dense = |slot: u32| Column {
         vals: &index.dense_vals[range(slot)],
         lifts: if S::LIFTED {
@@ -319,7 +375,7 @@ pub(crate) fn accumulate<S: Semiring>(
         },
     };
     let left = |x: f32| (x, s.lift(x));
-    let mut groups = ws.dense_hits.chunks_exact(4);
+    let mut groups = hits.chunks_exact(4);
     for g in &mut groups {
         let cols = [dense(g[0].0), dense(g[1].0), dense(g[2].0), dense(g[3].0)];
         let xs = [left(g[0].1), left(g[1].1), left(g[2].1), left(g[3].1)];
@@ -328,104 +384,98 @@ pub(crate) fn accumulate<S: Semiring>(
     for &(slot, x) in groups.remainder() {
         add_dense::<S, 1>(s, [dense(slot)], [left(x)], acc0, acc1);
     }
-    // Coded dense columns (certified metrics only): a pair per distinct value, a byte per row.
-    for &(slot, x) in &ws.coded_hits {
-        let Some((distinct, lifts, codes)) = index.dense_codes.column(slot, n) else {
-            continue;
-        };
-        let (lx, mut table0, mut table1) = (s.lift(x), [0.0f64; 256], [0.0f64; 256]);
-        for (i, (&y, &ly)) in distinct.iter().zip(lifts).enumerate() {
-            (table0[i + 1], table1[i + 1]) = s.pair_lifted(x, lx, y, ly);
-        }
-        for (a, &code) in acc0.iter_mut().zip(codes) {
-            *a += table0[code as usize];
-        }
-        if S::TWO_ACCUMULATORS {
-            for (a, &code) in acc1.iter_mut().zip(codes) {
-                *a += table1[code as usize];
-            }
+}
+
+/// Each list starts where the last one's prefetching did not reach: the first lines of its
+/// rows, values and lifts missed the cache (about a fifth of `perf`'s samples of a
+/// jensenshannon join fell on those loads). The list after `hits[h]` is asked for now, the
+/// column pointer of the one after it too.
+#[inline(always)]
+pub(crate) fn prefetch_next_lists<S: Semiring>(index: &CpuIndex, hits: &[(u32, f32)], h: usize) {
+    if let Some(&(next, _)) = hits.get(h + 2) {
+        prefetch(&index.col_ptr, next as usize + 1);
+    }
+    if let Some(&(next, _)) = hits.get(h + 1) {
+        let at = index.col_ptr[next as usize];
+        prefetch(&index.col_rows, at);
+        prefetch(&index.col_vals, at);
+        if S::LIFTED {
+            prefetch(&index.col_lifts, at);
+            prefetch(&index.col_lifts, at + 8);
+            prefetch(&index.col_codes, at);
         }
     }
+}
 
-    // A coded list's pairs, one per distinct value (a code is a byte: no bounds check).
-    let mut coded0 = [0.0f64; 256];
-    let mut coded1 = [0.0f64; 256];
-    let hits = &ws.sparse_hits;
-    for (h, &(col, x)) in hits.iter().enumerate() {
-        // Each list starts where the last one's prefetching did not reach: the first lines of
-        // its rows, values and lifts missed the cache (about a fifth of `perf`'s samples of a
-        // jensenshannon join fell on those loads). The next column's are asked for now, the
-        // column pointer of the one after it too.
-        if let Some(&(next, _)) = hits.get(h + 2) {
-            prefetch(&index.col_ptr, next as usize + 1);
+/// The postings `postings` (a range of column `col`'s list) paired with the left value `x`,
+/// added to the accumulators: right row j's sum is `acc0[j - first]`.
+#[inline(always)]
+pub(crate) fn add_postings<S: Semiring>(
+    s: &S,
+    index: &CpuIndex,
+    (col, x): (u32, f32),
+    postings: std::ops::Range<usize>,
+    first: usize,
+    acc0: &mut [f64],
+    acc1: &mut [f64],
+) {
+    let (start, end) = (postings.start, postings.end);
+    let rows = &index.col_rows[start..end];
+    let vals = &index.col_vals[start..end];
+    let lx = s.lift(x);
+    if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| S::LIFTED) {
+        // A coded list's pairs, one per distinct value (a code is a byte: no bounds check).
+        let mut coded0 = [0.0f64; 256];
+        let mut coded1 = [0.0f64; 256];
+        for ((t0, t1), (&y, &ly)) in coded0
+            .iter_mut()
+            .zip(coded1.iter_mut())
+            .zip(distinct.iter().zip(lifts))
+        {
+            (*t0, *t1) = s.pair_lifted(x, lx, y, ly);
         }
-        if let Some(&(next, _)) = hits.get(h + 1) {
-            let at = index.col_ptr[next as usize];
-            prefetch(&index.col_rows, at);
-            prefetch(&index.col_vals, at);
-            if S::LIFTED {
-                prefetch(&index.col_lifts, at);
-                prefetch(&index.col_lifts, at + 8);
-                prefetch(&index.col_codes, at);
+        for (&j, &code) in rows.iter().zip(&index.col_codes[start..end]) {
+            acc0[j as usize - first] += coded0[code as usize];
+            if S::TWO_ACCUMULATORS {
+                acc1[j as usize - first] += coded1[code as usize];
             }
         }
-        let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
-        let rows = &index.col_rows[start..end];
-        let vals = &index.col_vals[start..end];
-        let lx = s.lift(x);
-        if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| S::LIFTED) {
-            for ((t0, t1), (&y, &ly)) in coded0
+    } else if S::LIFTED {
+        // A lifted pair is costly (jensenshannon takes a log per pair): computed over a run
+        // of postings first, a loop over contiguous values that vectorises, then scattered.
+        // In one loop with the scatter it ran one pair at a time.
+        let lifts = &index.col_lifts[start..end];
+        let mut terms0 = [0.0f64; LIFTED_RUN];
+        let mut terms1 = [0.0f64; LIFTED_RUN];
+        for ((rows, vals), lifts) in rows
+            .chunks(LIFTED_RUN)
+            .zip(vals.chunks(LIFTED_RUN))
+            .zip(lifts.chunks(LIFTED_RUN))
+        {
+            let n = rows.len();
+            for ((t0, t1), (&y, &ly)) in terms0[..n]
                 .iter_mut()
-                .zip(coded1.iter_mut())
-                .zip(distinct.iter().zip(lifts))
+                .zip(terms1[..n].iter_mut())
+                .zip(vals.iter().zip(lifts))
             {
                 (*t0, *t1) = s.pair_lifted(x, lx, y, ly);
             }
-            for (&j, &code) in rows.iter().zip(&index.col_codes[start..end]) {
-                acc0[j as usize] += coded0[code as usize];
+            for (i, &j) in rows.iter().enumerate() {
+                acc0[j as usize - first] += terms0[i];
                 if S::TWO_ACCUMULATORS {
-                    acc1[j as usize] += coded1[code as usize];
-                }
-            }
-        } else if S::LIFTED {
-            // A lifted pair is costly (jensenshannon takes a log per pair): computed over a run
-            // of postings first, a loop over contiguous values that vectorises, then scattered.
-            // In one loop with the scatter it ran one pair at a time.
-            let lifts = &index.col_lifts[start..end];
-            let mut terms0 = [0.0f64; LIFTED_RUN];
-            let mut terms1 = [0.0f64; LIFTED_RUN];
-            for ((rows, vals), lifts) in rows
-                .chunks(LIFTED_RUN)
-                .zip(vals.chunks(LIFTED_RUN))
-                .zip(lifts.chunks(LIFTED_RUN))
-            {
-                let n = rows.len();
-                for ((t0, t1), (&y, &ly)) in terms0[..n]
-                    .iter_mut()
-                    .zip(terms1[..n].iter_mut())
-                    .zip(vals.iter().zip(lifts))
-                {
-                    (*t0, *t1) = s.pair_lifted(x, lx, y, ly);
-                }
-                for (i, &j) in rows.iter().enumerate() {
-                    acc0[j as usize] += terms0[i];
-                    if S::TWO_ACCUMULATORS {
-                        acc1[j as usize] += terms1[i];
-                    }
-                }
-            }
-        } else {
-            for (&j, &y) in rows.iter().zip(vals) {
-                let (a, b) = s.pair_lifted(x, lx, y, 0.0);
-                acc0[j as usize] += a;
-                if S::TWO_ACCUMULATORS {
-                    acc1[j as usize] += b;
+                    acc1[j as usize - first] += terms1[i];
                 }
             }
         }
+    } else {
+        for (&j, &y) in rows.iter().zip(vals) {
+            let (a, b) = s.pair_lifted(x, lx, y, 0.0);
+            acc0[j as usize - first] += a;
+            if S::TWO_ACCUMULATORS {
+                acc1[j as usize - first] += b;
+            }
+        }
     }
-
-    left_totals
 }
 
 /// Asks for the cache line holding `slice[at]` (past the end, nothing to read: a prefetch never

@@ -59,6 +59,16 @@ pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
         cancel: &Cancel,
         vectors: Vectors,
     ) -> Vec<PairList>;
+
+    /// `dense_block::dense_block` (its arguments checked there), of `(stride, symmetric)`.
+    fn dense_block(
+        &self,
+        index: &CpuIndex,
+        left: &SparseBatch,
+        out: &mut [f64],
+        how: (usize, bool),
+        vectors: Vectors,
+    );
 }
 
 /// Maps a column index to a dense column id of the build side.

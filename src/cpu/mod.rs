@@ -3,6 +3,7 @@
 
 mod certified;
 mod chebyshev;
+mod dense_block;
 mod dense_codes;
 mod folded;
 mod index;
@@ -18,6 +19,7 @@ use std::time::Instant;
 use datafusion::common::Result;
 
 pub use crate::join::{PairList, ProbeOptions, Selection};
+pub use dense_block::{dense_block, dense_block_symmetric, fills_dense_block};
 pub use index::CpuIndex;
 #[cfg(test)]
 use probe::probe_parts_with;

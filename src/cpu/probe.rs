@@ -12,6 +12,7 @@ use rayon::prelude::*;
 
 use super::certified::{certified_row, CertifiedScratch};
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
+use super::dense_block::fill_dense_block;
 use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
 use super::ranges::Ranges;
@@ -35,6 +36,17 @@ impl<S: Semiring> CpuKernels for S {
         vectors: Vectors,
     ) -> Vec<PairList> {
         probe_with(self, index, left, selection, options, cancel, vectors)
+    }
+
+    fn dense_block(
+        &self,
+        index: &CpuIndex,
+        left: &SparseBatch,
+        out: &mut [f64],
+        how: (usize, bool),
+        vectors: Vectors,
+    ) {
+        fill_dense_block(self, index, left, out, how, vectors);
     }
 }
 

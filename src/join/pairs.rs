@@ -154,6 +154,19 @@ impl PairList {
 /// then does not split in parts, so that `realloc` can still grow it in place (`mremap` moves
 /// only a range of one kind). It changes no byte, and its failure is ignored.
 pub(crate) fn advise_huge_pages<T>(v: &mut Vec<T>) {
+    advise_range(
+        v.as_mut_ptr() as usize,
+        v.capacity() * std::mem::size_of::<T>(),
+    );
+}
+
+/// [`advise_huge_pages`] for memory about to be written once that is not a `Vec`'s (a dense
+/// block of distances in the caller's array): the pages holding `memory`.
+pub(crate) fn advise_huge_pages_of<T>(memory: &mut [T]) {
+    advise_range(memory.as_mut_ptr() as usize, std::mem::size_of_val(memory));
+}
+
+fn advise_range(start: usize, bytes: usize) {
     #[cfg(all(
         target_os = "linux",
         any(target_arch = "x86_64", target_arch = "aarch64")
@@ -169,14 +182,12 @@ pub(crate) fn advise_huge_pages<T>(v: &mut Vec<T>) {
                 advice: std::ffi::c_int,
             ) -> std::ffi::c_int;
         }
-        let bytes = v.capacity() * std::mem::size_of::<T>();
         if bytes < 4 << 20 {
             return;
         }
-        let start = v.as_mut_ptr() as usize;
         let (first, end) = (start / PAGE * PAGE, (start + bytes).next_multiple_of(PAGE));
-        // SAFETY: the range is the pages holding `v`'s allocation, all mapped; the advice changes
-        // how they are backed, not their contents.
+        // SAFETY: the range is the pages holding a live allocation, all mapped; the advice
+        // changes how they are backed, not their contents.
         unsafe {
             madvise(first as *mut std::ffi::c_void, end - first, MADV_HUGEPAGE);
         }
@@ -185,7 +196,7 @@ pub(crate) fn advise_huge_pages<T>(v: &mut Vec<T>) {
         target_os = "linux",
         any(target_arch = "x86_64", target_arch = "aarch64")
     )))]
-    let _ = v;
+    let _ = (start, bytes);
 }
 
 /// One left row's pairs being appended ([`PairList::row`]): right rows and distances are pushed,

@@ -10,7 +10,7 @@ import numpy as np
 
 from ._estimator import _frombuffer
 from ._inputs import _options, _rows
-from ._internal import FittedIndex
+from ._internal import DenseBlockIndex, FittedIndex
 
 __all__ = ["pairwise_distances"]
 
@@ -53,13 +53,17 @@ def pairwise_distances(X: Any, Y: Any = None, metric: str = "cosine", **options:
     ``sklearn.metrics.pairwise_distances(X, Y, metric=metric)``.
 
     Computed by the crate's kernels in blocks of rows of ``X`` (on the GPU with
-    ``device='gpu'``), written straight into the output: memory holds the output and one
+    ``device='gpu'``), written straight into the output: memory holds the output and, for the
+    GPU and the metrics with union terms (chebyshev, minkowski, hellinger, jensenshannon), one
     block's pairs. An output larger than the memory available is a ``ValueError`` that says how
     large it would be. Inputs and options as in :class:`NearestNeighbors` (``p``, ``dim``,
     ``device``, ...); metrics: every metric of the SQL functions (for ``dot``, a similarity,
     the values are dot products).
     """
     x_rows, x_n, x_columns = _rows(X, "X")
+    if Y is X:
+        # The rows against themselves: converted once, and each pair computed once.
+        Y = None
     if Y is None:
         y_rows, y_n, y_columns = x_rows, x_n, x_columns
     else:
@@ -73,9 +77,17 @@ def pairwise_distances(X: Any, Y: Any = None, metric: str = "cosine", **options:
     if x_n is not None and y_n is not None:
         _check_fits(x_n, y_n)
     columns = x_columns if x_columns is not None else y_columns
-    index = FittedIndex.fit(y_rows, metric, _options(metric, options, columns))
+    text = _options(metric, options, columns)
+    # On the CPU, the folded metrics fill the output block by block (no pairs in between); the
+    # GPU and the metrics whose distances come from union terms (chebyshev, minkowski,
+    # hellinger, jensenshannon) probe a fitted index within an infinite radius.
+    index = DenseBlockIndex.fit(y_rows, metric, text)
+    if index is None:
+        index = FittedIndex.fit(y_rows, metric, text)
     if x_n is None:
         _check_fits(index.n_rows if Y is None else _rows_of(x_rows), index.n_rows)
+    if isinstance(index, DenseBlockIndex):
+        return index.pairwise(None if Y is None else x_rows)
     n, out = index.pairwise(None if Y is None else x_rows)
     return _frombuffer(out, np.float64, (n, index.n_rows))
 
