@@ -289,13 +289,18 @@ fn accumulate_batch<S: Semiring>(
         let (acc0, acc1) = row_accs::<S>(&mut ws.acc0, &mut ws.acc1, b * n, from..n);
         let dense = &ws.dense[ws.dense_at[b]..ws.dense_at[b + 1]];
         add_dense_hits(s, index, dense, from..n, acc0, acc1);
-        // Postings of right rows before `from` are added too (finding where each list passes
-        // `from` cost more than they do), and not read.
+        // Postings of right rows before `from` are passed over: a list's rows increase, and a
+        // scan over those before `from` costs less than adding them.
         let (acc0, acc1) = row_accs::<S>(&mut ws.acc0, &mut ws.acc1, b * n, 0..n);
         let hits = &ws.sparse[ws.sparse_at[b]..ws.sparse_at[b + 1]];
         for (h, &(col, x)) in hits.iter().enumerate() {
             prefetch_next_lists::<S>(index, hits, h);
-            let postings = index.col_ptr[col as usize]..index.col_ptr[col as usize + 1];
+            let (mut start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
+            if from > 0 {
+                let before = index.col_rows[start..end].iter();
+                start += before.take_while(|&&j| (j as usize) < from).count();
+            }
+            let postings = start..end;
             add_postings(s, index, (col, x), postings, 0, acc0, acc1);
         }
     }
