@@ -55,7 +55,9 @@ def pairwise_distances(X: Any, Y: Any = None, metric: str = "cosine", **options:
     Computed by the crate's kernels in blocks of rows of ``X`` (on the GPU with
     ``device='gpu'``), written straight into the output: memory holds the output and, for the
     GPU and the metrics with union terms (chebyshev, minkowski, hellinger, jensenshannon), one
-    block's pairs. An output larger than the memory available is a ``ValueError`` that says how
+    block's pairs. ``X`` against itself (``Y=None``, or ``Y is X``) computes each pair once on
+    the CPU and mirrors it (exactly symmetric; kl_divergence, not symmetric, computes both).
+    An output larger than the memory available is a ``ValueError`` that says how
     large it would be. Inputs and options as in :class:`NearestNeighbors` (``p``, ``dim``,
     ``device``, ...); metrics: every metric of the SQL functions (for ``dot``, a similarity,
     the values are dot products).
