@@ -1,7 +1,7 @@
 //! A built [`CpuIndex`] written to and read back from an index file (`src/index/file.rs`), so that
 //! a fresh process loads it instead of building it: the arrays as they are in memory, in one
-//! fixed order, each with its length, read straight into place, or, from a mapped file, the
-//! postings used where they lie.
+//! fixed order, each with its length, each 8-aligned, so that a reader copies the small arrays
+//! out of the blob and uses the postings where they lie (in an index file's mapping).
 //!
 //! What the metric decides (its loops, its key form, whether it is a max or an exact-union sum)
 //! is not written: it is taken from the metric the file names, as the build took it. The blob
@@ -61,73 +61,15 @@ impl<W: Write> Writer<'_, W> {
     }
 }
 
-struct Reader<'a, R: Read> {
-    input: &'a mut R,
-    /// Bytes left in the blob: a length past it is a damaged file, not an allocation to try.
-    left: u64,
-}
-
-/// Where a blob's arrays come from: a stream, copied into place ([`Reader`]), or a mapped file
-/// ([`MappedBlob`]).
-trait Source {
-    fn scalar(&mut self) -> Result<u64>;
-    fn array<T: Plain>(&mut self) -> Result<Vec<T>>;
-    /// An array the index keeps as a buffer (the postings): where the file is mapped, no copy.
-    fn buffer<T: Plain + ArrowNativeType>(&mut self) -> Result<ScalarBuffer<T>> {
-        Ok(self.array::<T>()?.into())
-    }
-}
-
-impl<R: Read> Reader<'_, R> {
-    fn take(&mut self, bytes: u64) -> Result<()> {
-        if bytes > self.left {
-            return exec_err!(
-                "the index's arrays run past their section ({bytes} bytes asked, {} left)",
-                self.left
-            );
-        }
-        self.left -= bytes;
-        Ok(())
-    }
-}
-
-impl<R: Read> Source for Reader<'_, R> {
-    fn scalar(&mut self) -> Result<u64> {
-        self.take(8)?;
-        let mut bytes = [0u8; 8];
-        self.input.read_exact(&mut bytes)?;
-        Ok(u64::from_le_bytes(bytes))
-    }
-
-    fn array<T: Plain>(&mut self) -> Result<Vec<T>> {
-        let len = self.scalar()?;
-        let size = len.checked_mul(std::mem::size_of::<T>() as u64);
-        let Some(size) = size.filter(|&s| s <= self.left) else {
-            return exec_err!("the index holds an array of {len} elements past its section");
-        };
-        self.take(size)?;
-        // vec![default; n] is a zeroed allocation: fresh pages, untouched until the read fills
-        // them; backed by huge pages, the fill takes 1/512 of the page faults (a 1M-row index
-        // holds GBs of postings).
-        let mut values = vec![T::default(); len as usize];
-        crate::join::advise_huge_pages(&mut values);
-        self.input.read_exact(bytes_of_mut(&mut values))?;
-        let pad = (8 - size % 8) % 8;
-        self.take(pad)?;
-        let mut skip = [0u8; 8];
-        self.input.read_exact(&mut skip[..pad as usize])?;
-        Ok(values)
-    }
-}
-
-/// A blob in a mapped file; `owner` keeps the mapping alive for the buffers made from it.
-struct MappedBlob<'a> {
+/// A blob in memory (a mapped file's section, or bytes read from a stream); `owner` keeps that
+/// memory alive for the buffers made from it.
+struct Blob<'a> {
     bytes: &'a [u8],
     at: usize,
     owner: Arc<dyn Allocation>,
 }
 
-impl MappedBlob<'_> {
+impl Blob<'_> {
     /// The next array's bytes (its length, then its elements and padding), checked to lie in
     /// the blob.
     fn next_array<T: Plain>(&mut self) -> Result<(&[u8], usize)> {
@@ -146,9 +88,7 @@ impl MappedBlob<'_> {
         self.at += padded;
         Ok((&self.bytes[start..start + size], len as usize))
     }
-}
 
-impl Source for MappedBlob<'_> {
     fn scalar(&mut self) -> Result<u64> {
         let Some(bytes) = self.bytes.get(self.at..self.at + 8) else {
             return exec_err!("the index's arrays run past their section");
@@ -157,23 +97,21 @@ impl Source for MappedBlob<'_> {
         Ok(u64::from_le_bytes(bytes.try_into().expect("8 bytes")))
     }
 
+    /// The next array, copied out of the blob.
     fn array<T: Plain>(&mut self) -> Result<Vec<T>> {
         let (bytes, len) = self.next_array::<T>()?;
-        let mut values = vec![T::default(); len];
-        bytes_of_mut(&mut values).copy_from_slice(bytes);
-        Ok(values)
+        Ok(copied(bytes, len))
     }
 
+    /// The next array as a buffer over the blob itself (the postings: no copy).
     fn buffer<T: Plain + ArrowNativeType>(&mut self) -> Result<ScalarBuffer<T>> {
         let owner = Arc::clone(&self.owner);
         let (bytes, len) = self.next_array::<T>()?;
         if bytes.is_empty() || !(bytes.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>())
         {
             // (arrays start 8-aligned in a 64-aligned section of a page-aligned mapping: only
-            // a file written otherwise lands here)
-            let mut values = vec![T::default(); len];
-            bytes_of_mut(&mut values).copy_from_slice(bytes);
-            return Ok(values.into());
+            // a file written otherwise, or unaligned bytes from a stream, land here)
+            return Ok(copied(bytes, len).into());
         }
         // SAFETY: the bytes lie in the mapping `owner` keeps alive for as long as the buffer;
         // the pointer is aligned for T (checked) and `Plain` values take any bit pattern.
@@ -186,6 +124,13 @@ impl Source for MappedBlob<'_> {
         };
         Ok(ScalarBuffer::new(buffer, 0, len))
     }
+}
+
+/// `len` values of `bytes` (their exact size).
+fn copied<T: Plain>(bytes: &[u8], len: usize) -> Vec<T> {
+    let mut values = vec![T::default(); len];
+    bytes_of_mut(&mut values).copy_from_slice(bytes);
+    values
 }
 
 fn usizes(values: &[usize]) -> Vec<u64> {
@@ -254,8 +199,16 @@ impl CpuIndex {
     /// Reads an index that [`CpuIndex::write_to`] wrote for `metric`, from a blob of `len`
     /// bytes. Its arrays are checked against each other before any probe relies on them.
     pub fn read_from(metric: &Metric, input: &mut impl Read, len: u64) -> Result<Self> {
-        let mut r = Reader { input, left: len };
-        with_semiring!(metric, s => Self::read_with(&s, &mut r))
+        let mut bytes = Vec::new();
+        input.take(len).read_to_end(&mut bytes)?;
+        if (bytes.len() as u64) < len {
+            return exec_err!(
+                "the index's blob is cut short ({} of {len} bytes)",
+                bytes.len()
+            );
+        }
+        let held = Arc::new(bytes);
+        Self::read_mapped(metric, &held, Arc::clone(&held) as _)
     }
 
     /// [`CpuIndex::read_from`] over a blob of a mapped file: the postings stay where they are
@@ -265,7 +218,7 @@ impl CpuIndex {
         bytes: &[u8],
         owner: Arc<dyn Allocation>,
     ) -> Result<Self> {
-        let mut r = MappedBlob {
+        let mut r = Blob {
             bytes,
             at: 0,
             owner,
@@ -273,7 +226,7 @@ impl CpuIndex {
         with_semiring!(metric, s => Self::read_with(&s, &mut r))
     }
 
-    fn read_with<S: Semiring>(s: &S, r: &mut impl Source) -> Result<Self> {
+    fn read_with<S: Semiring>(s: &S, r: &mut Blob<'_>) -> Result<Self> {
         let rows = r.scalar()? as usize;
         let column_count = r.scalar()? as usize;
         let max_row_len = r.scalar()? as usize;

@@ -19,7 +19,7 @@ pub use cancel::{Cancel, CancelOnDrop};
 pub use exact::ExactRows;
 pub use exclusion::KeyGroups;
 pub use merge::{merge_nearest, merge_within};
-pub(crate) use pairs::{advise_huge_pages, advise_huge_pages_of};
+pub(crate) use pairs::advise_huge_pages_of;
 pub use pairs::{PairList, RowPairs};
 pub use replicated::ReplicatedIndex;
 pub use selection::{within, ProbeOptions, Selection};

@@ -153,7 +153,7 @@ impl PairList {
 /// bookkeeping: for an allocation mapped on its own, that is its whole mapping, which the hint
 /// then does not split in parts, so that `realloc` can still grow it in place (`mremap` moves
 /// only a range of one kind). It changes no byte, and its failure is ignored.
-pub(crate) fn advise_huge_pages<T>(v: &mut Vec<T>) {
+fn advise_huge_pages<T>(v: &mut Vec<T>) {
     advise_range(
         v.as_mut_ptr() as usize,
         v.capacity() * std::mem::size_of::<T>(),
