@@ -182,22 +182,40 @@ impl IndexSource {
         Ok(self.batches.get().expect("just set"))
     }
 
-    /// The stored vectors, in pieces of at most `max_chunk_nnz()` entries.
+    /// The stored vectors, in pieces of at most `max_chunk_nnz()` entries, each batch checked
+    /// on its own core (one after another, 11M rows' 2.29B entries took seconds on one).
     fn pieces(&self) -> Result<Vec<SparseBatch>> {
+        use rayon::prelude::*;
+        let started = std::time::Instant::now();
         let batches = self.batches()?;
+        let read = started.elapsed();
         let column = self.schema.index_of(&self.vector_column)?;
         let check = vector_check(&self.vector_column, &self.served);
-        let mut pieces = Vec::new();
-        let mut row = 0u64;
-        for batch in batches {
-            pieces.extend(SparseBatch::try_from_array_chunked(
-                batch.column(column).as_ref(),
-                &check.clone().with_first_row(row),
-                max_chunk_nnz(),
-            )?);
-            row += batch.num_rows() as u64;
-        }
-        Ok(pieces)
+        let first_rows: Vec<u64> = batches
+            .iter()
+            .scan(0u64, |row, b| {
+                let first = *row;
+                *row += b.num_rows() as u64;
+                Some(first)
+            })
+            .collect();
+        let pieces: Vec<Vec<SparseBatch>> = batches
+            .par_iter()
+            .zip(first_rows)
+            .map(|(batch, row)| {
+                SparseBatch::try_from_array_chunked(
+                    batch.column(column).as_ref(),
+                    &check.clone().with_first_row(row),
+                    max_chunk_nnz(),
+                )
+            })
+            .collect::<Result<_>>()?;
+        log::debug!(
+            "{}: rows read in {read:?}, checked in {:?}",
+            self.what(),
+            started.elapsed() - read
+        );
+        Ok(pieces.into_iter().flatten().collect())
     }
 
     /// The error for a metric this source was not built for.

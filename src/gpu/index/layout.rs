@@ -50,9 +50,11 @@ impl Layout {
         let rows = right.len();
         // Column ids: the indices themselves when the index space is not much larger than the
         // data, else the sorted distinct indices (found by binary search on the device).
-        let nnz_nonzero = right.values().par_iter().filter(|v| **v != 0.0).count();
+        // (the nonzeros counted only where the index space is large: a pass over every value)
         let max_dim = right.max_dim();
-        let columns = if max_dim <= 4 * nnz_nonzero + (1 << 20) {
+        let direct = max_dim <= 1 << 20
+            || max_dim <= 4 * right.values().par_iter().filter(|v| **v != 0.0).count() + (1 << 20);
+        let columns = if direct {
             ColumnMap::Direct(max_dim)
         } else {
             let mut ids: Vec<i32> = (0..rows)
