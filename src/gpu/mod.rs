@@ -30,6 +30,7 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result};
 #[doc(hidden)]
 pub use device::fault_for_tests;
 pub use index::GpuIndex;
+pub(crate) use prepare::{ColumnMap, ColumnProfile};
 pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
@@ -93,7 +94,7 @@ impl GpuIndex {
         options: &GpuOptions,
     ) -> Result<Self> {
         let device = device::device(0)?;
-        Self::build_on(device, right, s, options)
+        Self::build_on(device, right, s, options, None)
     }
 }
 
@@ -141,8 +142,21 @@ impl Backend for GpuBackend {
     /// are split between idle ones, and nothing is merged).
     fn build_pieces(
         &self,
+        pieces: Vec<SparseBatch>,
+        metric: &Metric,
+    ) -> Result<Box<dyn JoinIndex>> {
+        self.build_profiled(pieces, metric, None)
+    }
+}
+
+impl GpuBackend {
+    /// [`Backend::build_pieces`], each chunk's column profile taken from `profiles` ((rows,
+    /// profile) per chunk, kept in an index file) where they are the chunks this build makes.
+    pub(crate) fn build_profiled(
+        &self,
         mut pieces: Vec<SparseBatch>,
         metric: &Metric,
+        profiles: Option<Vec<(usize, ColumnProfile)>>,
     ) -> Result<Box<dyn JoinIndex>> {
         let ordinals = self.ordinals()?;
         let total: usize = pieces.iter().map(SparseBatch::nnz).sum();
@@ -182,6 +196,10 @@ impl Backend for GpuBackend {
             .iter()
             .map(|c| c.iter().map(SparseBatch::len).sum())
             .collect();
+        // Profiles made for other chunks (another number of GPUs) are of no use.
+        let profiles = profiles.filter(|p| {
+            p.len() == chunks.len() && p.iter().zip(&chunk_rows).all(|((r, _), c)| r == c)
+        });
         log::debug!(
             "GPU: the right side cut into {} chunks for {} GPU(s) in {:?}",
             chunks.len(),
@@ -193,7 +211,7 @@ impl Backend for GpuBackend {
             let device = device::device(ordinals[0])?;
             let empty = SparseBatch::concat(&[])?;
             return Ok(Box::new(crate::with_semiring!(metric, s => {
-                GpuIndex::build_on(device, &empty, &s, &self.options)
+                GpuIndex::build_on(device, &empty, &s, &self.options, None)
             })?));
         }
         // A chunk goes to the GPU whose share of the nonzeros holds its middle (by its start, a
@@ -226,6 +244,7 @@ impl Backend for GpuBackend {
                 .enumerate()
                 .map(|(g, &ordinal)| {
                     let (chunks, owner, options) = (&chunks, &owner, &options);
+                    let profiles = profiles.as_deref();
                     scope.spawn(move || {
                         let opening = std::time::Instant::now();
                         let device = device::device(ordinal)?;
@@ -244,6 +263,7 @@ impl Backend for GpuBackend {
                                             &chunk,
                                             &s,
                                             options,
+                                            profiles.map(|p| &p[i].1),
                                         )
                                     })?;
                                     drop_later(chunk);
@@ -287,9 +307,7 @@ impl Backend for GpuBackend {
             .collect::<Result<Vec<_>>>()?;
         join_shards(indexes, metric.kind.is_similarity(), true)
     }
-}
 
-impl GpuBackend {
     /// The whole of `right` on each GPU of `ordinals`, or None when it does not stay resident
     /// on each.
     fn build_replicated(

@@ -6,6 +6,8 @@
 //!     the rows: an Arrow IPC file of every column (the vector column in the canonical type),
 //!               memory-mapped on load (its buffers are used where they lie)
 //!     per metric served, per shard: a CpuIndex's arrays (cpu/persist.rs), read into place
+//!     per shard: its column profile (gpu/prepare/profile.rs), what a GPU build would otherwise
+//!               find in a pass over every entry (absent from files of earlier builds)
 //! the header: JSON (rows, vector column, sections with their CRC-32, metrics served)
 //! trailer: header offset (u64) header length (u64) header CRC-32 (u32) version (u32) "SKIDXEND"
 //! ```
@@ -30,6 +32,7 @@ use datafusion::common::{exec_datafusion_err, exec_err, DataFusionError, Result}
 use serde_json::{json, Value};
 
 use crate::cpu::CpuIndex;
+use crate::gpu::ColumnProfile;
 use crate::metric::Metric;
 
 const MAGIC: &[u8; 8] = b"SKIDX\0\r\n";
@@ -65,6 +68,8 @@ pub(crate) struct Header {
     pub vector_column: String,
     pub data: Section,
     pub indexes: Vec<StoredIndex>,
+    /// Each shard's column profile: (rows, section); empty in files written before them.
+    pub profiles: Vec<(usize, Section)>,
 }
 
 /// An open index file: its header read and checked; the rows and the indexes are read when
@@ -143,6 +148,7 @@ pub(crate) fn write(
     batches: &[RecordBatch],
     vector_column: &str,
     indexes: &[(Metric, CpuShards)],
+    profiles: &[(usize, ColumnProfile)],
 ) -> Result<u64> {
     let folder = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
@@ -156,7 +162,15 @@ pub(crate) fn write(
         name.to_string_lossy(),
         std::process::id()
     ));
-    let result = write_to(&temporary, schema, batches, vector_column, indexes).and_then(|len| {
+    let result = write_to(
+        &temporary,
+        schema,
+        batches,
+        vector_column,
+        indexes,
+        profiles,
+    )
+    .and_then(|len| {
         std::fs::rename(&temporary, path)
             .map_err(|e| io_error(path, "moving the written file into place", e))?;
         Ok(len)
@@ -173,6 +187,7 @@ fn write_to(
     batches: &[RecordBatch],
     vector_column: &str,
     indexes: &[(Metric, CpuShards)],
+    profiles: &[(usize, ColumnProfile)],
 ) -> Result<u64> {
     let file = File::create(path).map_err(|e| io_error(path, "creating", e))?;
     let mut out = Counting {
@@ -226,6 +241,13 @@ fn write_to(
         entry["shards"] = Value::Array(sections);
         stored.push(entry);
     }
+    let mut stored_profiles = Vec::new();
+    for (shard_rows, profile) in profiles {
+        let start = out.start_section().map_err(io)?;
+        profile.write_to(&mut out).map_err(io)?;
+        stored_profiles
+            .push(json!({"rows": shard_rows, "section": section_json(&out.end_section(start))}));
+    }
     let header = json!({
         "format": FORMAT_VERSION,
         "created_by": concat!("sparse-knn ", env!("CARGO_PKG_VERSION")),
@@ -233,6 +255,7 @@ fn write_to(
         "vector_column": vector_column,
         "data": section_json(&data),
         "indexes": stored,
+        "column_profiles": stored_profiles,
     });
     let header = serde_json::to_vec_pretty(&header).map_err(|e| exec_datafusion_err!("{e}"))?;
     let header_offset = out.start_section().map_err(io)?;
@@ -416,6 +439,29 @@ impl IndexFile {
             }
             indexes.push(StoredIndex { metric, shards });
         }
+        let mut profiles = Vec::new();
+        for entry in header
+            .get("column_profiles")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let rows = entry
+                .get("rows")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| damaged(path, "a column profile without its rows"))?;
+            let section = parse_section(
+                path,
+                entry
+                    .get("section")
+                    .ok_or_else(|| damaged(path, "a column profile without its section"))?,
+                size,
+            )?;
+            profiles.push((rows as usize, section));
+        }
+        if !profiles.is_empty() && profiles.iter().map(|p| p.0).sum::<usize>() != rows {
+            return Err(damaged(path, "the column profiles do not cover the rows"));
+        }
         let schema = read_schema(path, &mut file, &data)?;
         Ok(IndexFile {
             path: path.to_path_buf(),
@@ -424,6 +470,7 @@ impl IndexFile {
                 vector_column,
                 data,
                 indexes,
+                profiles,
             },
             schema,
         })
@@ -457,6 +504,29 @@ impl IndexFile {
             )
         };
         decode_ipc(&buffer).map_err(|e| damaged(path, e))
+    }
+
+    /// Each shard's column profile, (rows, profile), each section read and checked; None for a
+    /// file written before them.
+    pub(crate) fn read_profiles(&self) -> Result<Option<Vec<(usize, ColumnProfile)>>> {
+        if self.header.profiles.is_empty() {
+            return Ok(None);
+        }
+        let path = &self.path;
+        let mut file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
+        let mut profiles = Vec::with_capacity(self.header.profiles.len());
+        for &(rows, section) in &self.header.profiles {
+            let mut bytes = vec![0u8; section.len as usize];
+            file.seek(SeekFrom::Start(section.offset))
+                .and_then(|_| file.read_exact(&mut bytes))
+                .map_err(|e| io_error(path, "reading", e))?;
+            if crc32fast::hash(&bytes) != section.crc {
+                return Err(damaged(path, "a column profile's checksum does not match"));
+            }
+            let profile = ColumnProfile::read_from(&bytes).map_err(|e| damaged(path, e))?;
+            profiles.push((rows, profile));
+        }
+        Ok(Some(profiles))
     }
 
     /// The CPU index of `stored`, shard by shard, each section mapped and checked; the

@@ -29,10 +29,10 @@ pub(crate) use table::stored_source;
 pub use table::{IndexScanExec, IndexTable};
 
 use crate::cpu::CpuIndex;
-use crate::gpu::{GpuBackend, GpuOptions};
+use crate::gpu::{ColumnMap, ColumnProfile, GpuBackend, GpuOptions};
 use crate::join::{
-    join_shards, max_chunk_nnz, split_rows, Backend, Cancel, JoinIndex, PairList, ProbeOptions,
-    Probed, Selection,
+    join_shards, max_chunk_nnz, split_row_ranges, split_rows, Cancel, JoinIndex, PairList,
+    ProbeOptions, Probed, Selection,
 };
 use crate::metric::Metric;
 use crate::options::JoinOptions;
@@ -218,6 +218,20 @@ impl IndexSource {
         Ok(pieces.into_iter().flatten().collect())
     }
 
+    /// The column profile of each shard (the shards of [`max_chunk_nnz`] entries that a CPU
+    /// index and a one-GPU build cut), for an index file: a GPU build from the file then skips
+    /// its pass over every entry.
+    fn column_profiles(&self) -> Result<Vec<(usize, ColumnProfile)>> {
+        let chunks = split_row_ranges(self.pieces()?, max_chunk_nnz());
+        Ok(chunks
+            .iter()
+            .map(|chunk| {
+                let rows = chunk.iter().map(SparseBatch::len).sum();
+                (rows, ColumnProfile::of(chunk, ColumnMap::of(chunk)))
+            })
+            .collect())
+    }
+
     /// The error for a metric this source was not built for.
     fn check_served(&self, metric: &Metric) -> Result<()> {
         if self.served.contains(metric) {
@@ -297,7 +311,11 @@ impl IndexSource {
                     options: gpu.clone(),
                 };
                 backend.warm_up(metric);
-                let index = backend.build_pieces(self.pieces()?, metric)?;
+                let profiles = match &self.file {
+                    Some(file) => file.read_profiles()?,
+                    None => None,
+                };
+                let index = backend.build_profiled(self.pieces()?, metric, profiles)?;
                 (Arc::from(index), Obtained::Built)
             }
         };
@@ -439,6 +457,7 @@ impl SparseIndex {
             source.batches()?,
             &source.vector_column,
             &indexes,
+            &source.column_profiles()?,
         )
     }
 
@@ -583,4 +602,37 @@ impl IndexSource {
 /// Whether `path` names an index file (by its extension).
 pub fn is_index_path(path: &str) -> bool {
     path.to_ascii_lowercase().ends_with(".skidx")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_saved_index_keeps_its_rows_a_batch_a_shard_and_each_shards_column_profile() {
+        let config = datafusion::prelude::SessionConfig::new().with_batch_size(500);
+        let ctx = SessionContext::new_with_config(config);
+        let right = ctx
+            .read_parquet("data/kos_bow.parquet", Default::default())
+            .await
+            .unwrap();
+        let index = SparseIndex::build(right, &["cosine"], "device=cpu")
+            .await
+            .unwrap();
+        let folder = tempfile::tempdir().unwrap();
+        let path = folder.path().join("kos.skidx");
+        index.save(&path).unwrap();
+        let file = IndexFile::open(&path).unwrap();
+        // Every row in one shard here: one batch, where the Parquet scan gave several.
+        assert!(index.source.batches().unwrap().len() > 1);
+        assert_eq!(file.read_batches().unwrap().len(), 1);
+        let stored = file.read_profiles().unwrap().expect("profiles written");
+        assert_eq!(stored, index.source.column_profiles().unwrap());
+        assert_eq!(stored[0].0, index.rows());
+        // What a GPU build of the stored rows would find in its own pass.
+        let opened = SparseIndex::open(&path).unwrap();
+        let pieces = opened.source.pieces().unwrap();
+        let columns = ColumnMap::of(&pieces);
+        assert_eq!(stored[0].1, ColumnProfile::of(&pieces, columns));
+    }
 }

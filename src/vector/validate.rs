@@ -55,8 +55,28 @@ impl VectorCheck {
 
     /// Checks every non-null row: indices in range and unique, values finite (and ≥ 0 if asked).
     pub fn validate(&self, batch: &SparseBatch) -> Result<()> {
+        use rayon::prelude::*;
+        // A large batch (an index file's rows come as one batch per shard: 2.1B entries took
+        // 4.5 s on one core) is checked in blocks of rows on every core; the first bad row in
+        // row order is the one reported, as on one core.
+        const BLOCK_ENTRIES: usize = if cfg!(test) { 64 } else { 1 << 22 };
+        let blocks = batch.nnz() / BLOCK_ENTRIES;
+        if blocks < 2 {
+            return self.validate_rows(batch, 0..batch.len());
+        }
+        let rows = batch.len();
+        let first_error = (0..blocks)
+            .into_par_iter()
+            .map(|b| self.validate_rows(batch, rows * b / blocks..rows * (b + 1) / blocks))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .find(Result::is_err);
+        first_error.unwrap_or(Ok(()))
+    }
+
+    fn validate_rows(&self, batch: &SparseBatch, rows: std::ops::Range<usize>) -> Result<()> {
         let mut scratch: Vec<i32> = Vec::new();
-        for row in 0..batch.len() {
+        for row in rows {
             if batch.is_null(row) {
                 continue;
             }
@@ -104,5 +124,41 @@ impl VectorCheck {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_checked_in_blocks_reports_its_first_bad_row() {
+        // 1,000 rows of 3 entries: blocks of rows checked on every core.
+        let good: Vec<(i32, f32)> = vec![(0, 1.0), (5, 2.0), (9, 3.0)];
+        let mut rows: Vec<Vec<(i32, f32)>> = vec![good.clone(); 1000];
+        let check = VectorCheck::new("v").with_first_row(100);
+        let batch = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        check.validate(&batch).unwrap();
+        rows[977] = vec![(1, f32::NAN)];
+        rows[612] = vec![(4, 1.0), (4, 2.0)];
+        rows[801] = vec![(20, 1.0)];
+        let batch = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        let err = check.validate(&batch).unwrap_err().to_string();
+        assert!(err.contains("row 712: duplicate index 4"), "{err}");
+        let err = check
+            .clone()
+            .with_dim(Some(10))
+            .validate(&batch)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("row 712"), "{err}");
+        rows[612] = good.clone();
+        let batch = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        let err = check
+            .with_dim(Some(10))
+            .validate(&batch)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("row 901: index 20 is out of range"), "{err}");
     }
 }

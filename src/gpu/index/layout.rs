@@ -13,8 +13,8 @@ use super::super::launch::{folded_fixed_smem, folded_smem_without_map};
 use super::super::lists::{self, ListSource};
 use super::super::memory::upload;
 use super::super::prepare::{
-    choose_dense_columns, estimate_bytes, prepare_part, upload_part, ColumnMap, DenseColumns,
-    DevPart, HostPart, PartShape,
+    choose_dense_columns, choose_dense_from, estimate_bytes, prepare_part, upload_part, ColumnMap,
+    ColumnProfile, DenseColumns, DevPart, HostPart, PartShape,
 };
 use super::super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::ExactRows;
@@ -38,34 +38,24 @@ pub(super) struct Layout {
     pub(super) lists_on_device: bool,
 }
 impl Layout {
+    /// `profile`: the right side's column profile when known (kept in an index file), else
+    /// found here.
     pub(super) fn of<S: Semiring>(
         device: &Device,
         right: &SparseBatch,
         s: &S,
         budget: u64,
         options: &GpuOptions,
+        profile: Option<&ColumnProfile>,
     ) -> Self {
         let started = std::time::Instant::now();
         let program = MetricProgram::of(s);
         let rows = right.len();
         // Column ids: the indices themselves when the index space is not much larger than the
         // data, else the sorted distinct indices (found by binary search on the device).
-        // (the nonzeros counted only where the index space is large: a pass over every value)
-        let max_dim = right.max_dim();
-        let direct = max_dim <= 1 << 20
-            || max_dim <= 4 * right.values().par_iter().filter(|v| **v != 0.0).count() + (1 << 20);
-        let columns = if direct {
-            ColumnMap::Direct(max_dim)
-        } else {
-            let mut ids: Vec<i32> = (0..rows)
-                .flat_map(|r| {
-                    let (i, v) = right.row(r);
-                    i.iter().zip(v).filter(|(_, v)| **v != 0.0).map(|(i, _)| *i)
-                })
-                .collect();
-            ids.par_sort_unstable();
-            ids.dedup();
-            ColumnMap::Sorted(ids)
+        let columns = match profile {
+            Some(p) => p.columns.clone(),
+            None => ColumnMap::of(std::slice::from_ref(right)),
         };
         log::debug!(
             "GPU index: program and column map in {:?}",
@@ -77,7 +67,11 @@ impl Layout {
         let choosing = std::time::Instant::now();
         let dense = (program.bilinear && device.tensor_cores)
             .then(|| {
-                let d = choose_dense_columns(right, &columns, options.dense_columns, budget / 5);
+                let (choice, most) = (options.dense_columns, budget / 5);
+                let d = match profile {
+                    Some(p) => choose_dense_from(p, rows, choice, most),
+                    None => choose_dense_columns(right, &columns, choice, most),
+                };
                 log::debug!(
                     "GPU index: dense columns chosen in {:?}",
                     choosing.elapsed()

@@ -26,7 +26,7 @@ use super::device::{cuda_err, Device, Lanes};
 use super::kernels::MetricProgram;
 use super::launch::DEFAULT_RADIUS_PAIRS_PER_ROW;
 use super::prepare::{
-    dense_bytes_per_left_row, fast_kind, ColumnMap, DevPart, HostPart, DENSE_TILE_N,
+    dense_bytes_per_left_row, fast_kind, ColumnMap, ColumnProfile, DevPart, HostPart, DENSE_TILE_N,
 };
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
 use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, Selection};
@@ -104,11 +104,13 @@ impl std::fmt::Debug for GpuIndex {
 }
 
 impl GpuIndex {
+    /// `profile`: the right side's column profile when known (an index file keeps it).
     pub(crate) fn build_on<S: Semiring>(
         device: Arc<Device>,
         right: &SparseBatch,
         s: &S,
         options: &GpuOptions,
+        profile: Option<&ColumnProfile>,
     ) -> Result<Self> {
         check_size(right)?;
         // Builds on one device take turns from here to the upload, so each one's budget is read
@@ -122,7 +124,7 @@ impl GpuIndex {
         // Leave room for the context and other users of the device when no limit is given.
         let budget = options.memory_limit.unwrap_or(free / 10 * 8);
         let started = std::time::Instant::now();
-        let layout = Layout::of(&device, right, s, budget, options);
+        let layout = Layout::of(&device, right, s, budget, options, profile);
         let laid_out = started.elapsed();
         let started = std::time::Instant::now();
         let (exact, host_parts) = layout.prepare_with_exact(right, s);
@@ -173,7 +175,7 @@ impl GpuIndex {
             let (free, _) = d.memory()?;
             budget = budget.min(options.memory_limit.unwrap_or(free / 10 * 8));
         }
-        let layout = Layout::of(&devices[0], right, s, budget, options);
+        let layout = Layout::of(&devices[0], right, s, budget, options, None);
         // (and the same tensor cores: the dense product is planned for the first device and
         // does not run below compute capability 8.0)
         let same_tiles = devices.iter().all(|d| {

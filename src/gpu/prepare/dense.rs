@@ -160,89 +160,32 @@ pub(crate) fn choose_dense_columns(
     choice: crate::options::DenseColumnChoice,
     max_bytes: u64,
 ) -> Option<DenseColumns> {
+    if choice == crate::options::DenseColumnChoice::Off || right.is_empty() {
+        return None;
+    }
+    let profile = ColumnProfile::of(std::slice::from_ref(right), columns.clone());
+    choose_dense_from(&profile, right.len(), choice, max_bytes)
+}
+
+/// [`choose_dense_columns`] of a right side of `rows` rows from its profile.
+pub(crate) fn choose_dense_from(
+    profile: &ColumnProfile,
+    rows: usize,
+    choice: crate::options::DenseColumnChoice,
+    max_bytes: u64,
+) -> Option<DenseColumns> {
     use crate::options::DenseColumnChoice;
-    let rows = right.len();
     if choice == DenseColumnChoice::Off || rows == 0 {
         return None;
     }
-    let ncols = columns.len();
-    // One pass over the entries counts each column's nonzeros and ORs its values' flags, and
-    // notes whether a value lies outside the product's range (rare: those chunks list their
-    // columns in a second look). Separate passes for the counts, the flags, the range and the
-    // chosen columns' flags read the entries four times: 1.2 s of a fresh process's 11M-row
-    // build (2.29B entries), bound by the host's memory.
-    let threads = rayon::current_num_threads().max(1);
-    let nchunks = (threads * 2)
-        .min((256 << 20) / (ncols.max(1) * 8))
-        .min(right.nnz() / (1 << 16) + 1)
-        .clamp(1, rows);
-    // Over the flat entries (rows only delimit them), so that each loop is a plain one.
-    let offsets = right.offsets();
-    let (first, last) = (offsets[0] as usize, offsets[rows] as usize);
-    let (all_idx, all_val) = (&right.indices()[first..last], &right.values()[first..last]);
-    let entries = last - first;
-    let chunk = |ch: usize| {
-        let range = entries * ch / nchunks..entries * (ch + 1) / nchunks;
-        (&all_idx[range.clone()], &all_val[range])
-    };
-    let per_chunk: Vec<(Vec<u32>, Vec<u32>, Vec<u32>)> = (0..nchunks)
-        .into_par_iter()
-        .map(|ch| {
-            let (idx, val) = chunk(ch);
-            let mut counts = vec![0u32; ncols];
-            let mut flags = vec![0u32; ncols];
-            let mut all_ok = true;
-            for (&c, &v) in idx.iter().zip(val) {
-                let id = columns.get(c).expect("a column of the right side") as usize;
-                let nonzero = v != 0.0;
-                counts[id] += u32::from(nonzero);
-                flags[id] |= if nonzero { dense_flags(v) } else { 0 };
-                all_ok &= dense_value_ok(v);
-            }
-            let bad = if all_ok {
-                Vec::new()
-            } else {
-                idx.iter()
-                    .zip(val)
-                    .filter(|(_, &v)| !dense_value_ok(v))
-                    .map(|(&c, _)| columns.get(c).expect("a column of the right side"))
-                    .collect()
-            };
-            (counts, flags, bad)
-        })
-        .collect();
-    // Summed (and ORed) over blocks of columns on every core.
-    let mut counts = vec![0u64; ncols];
-    let mut column_flags = vec![0u32; ncols];
-    counts
-        .par_chunks_mut(1 << 14)
-        .zip(column_flags.par_chunks_mut(1 << 14))
-        .enumerate()
-        .for_each(|(block, (sums, ors))| {
-            let start = block << 14;
-            let len = sums.len();
-            for (c, f, _) in &per_chunk {
-                for (sum, &n) in sums.iter_mut().zip(&c[start..start + len]) {
-                    *sum += n as u64;
-                }
-                for (or, &g) in ors.iter_mut().zip(&f[start..start + len]) {
-                    *or |= g;
-                }
-            }
-        });
-    let mut bad = vec![false; ncols];
-    for (_, _, b) in &per_chunk {
-        for &id in b {
-            bad[id as usize] = true;
-        }
-    }
-    drop(per_chunk);
+    let (counts, bad) = (&profile.counts, &profile.bad);
+    let ncols = counts.len();
     let any_bad = bad.iter().any(|&b| b);
-    let all_flags = column_flags.iter().fold(0, |f, g| f | g);
+    let all_flags = profile.flags.iter().fold(0, |f, g| f | g);
     // The flags of the columns in `keep`.
     let flags_of = |keep: &[bool]| -> u32 {
         keep.iter()
-            .zip(&column_flags)
+            .zip(&profile.flags)
             .fold(0, |f, (&k, &g)| if k { f | g } else { f })
     };
     let mut order: Vec<usize> = (0..ncols).filter(|&c| !bad[c] && counts[c] > 0).collect();

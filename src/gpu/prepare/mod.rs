@@ -4,6 +4,8 @@
 //!
 //! - this file: the layout (column map, tiles, row totals, a max's ranks, the part's sizes);
 //! - `dense.rs`: the dense columns multiplied on the tensor cores;
+//! - `profile.rs`: the column map and each column's counts and value flags (one pass, or kept
+//!   in an index file);
 //! - `upload.rs`: a prepared part moved to the device.
 
 use cudarc::driver::CudaSlice;
@@ -14,15 +16,17 @@ use crate::metric::{KeyForm, RowTotals};
 use crate::vector::SparseBatch;
 
 mod dense;
+mod profile;
 #[cfg(test)]
 mod tests;
 mod upload;
 
 pub(crate) use dense::*;
+pub(crate) use profile::ColumnProfile;
 pub(crate) use upload::*;
 
 /// Maps a column index to a column id of the right side.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum ColumnMap {
     /// Ids are the indices themselves, below `len`.
     Direct(usize),

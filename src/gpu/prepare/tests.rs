@@ -484,3 +484,68 @@ fn dense_columns_follow_a_plain_count() {
     }
     assert_eq!(d.flags, flags_of(&auto));
 }
+
+#[test]
+fn a_column_profile_is_the_same_over_any_pieces_and_survives_its_bytes() {
+    let mut rng = StdRng::seed_from_u64(7);
+    // Raw counts in the thousands, a value outside the dense range, and a column index space
+    // large enough for a sorted map in the second case.
+    for spread in [1i32, 1 << 22] {
+        let rows: Vec<Vec<(i32, f32)>> = (0..3000)
+            .map(|r| {
+                let mut cols: Vec<i32> = (0..rng.random_range(0..40))
+                    .map(|_| rng.random_range(0..500) * spread)
+                    .collect();
+                cols.sort_unstable();
+                cols.dedup();
+                cols.into_iter()
+                    .map(|c| {
+                        let v = if r == 1234 && c == 0 {
+                            5.0e12
+                        } else {
+                            rng.random_range(0..4000) as f32 * 0.5
+                        };
+                        (c, v)
+                    })
+                    .collect()
+            })
+            .collect();
+        let whole = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+        let pieces: Vec<SparseBatch> = [0..1, 1..700, 700..701, 701..3000]
+            .into_iter()
+            .map(|r| SparseBatch::from_rows(rows[r].iter().map(|r| Some(r.as_slice()))))
+            .collect();
+        let columns = ColumnMap::of(std::slice::from_ref(&whole));
+        assert_eq!(ColumnMap::of(&pieces), columns);
+        assert_eq!(matches!(columns, ColumnMap::Sorted(_)), spread > 1);
+        let profile = ColumnProfile::of(std::slice::from_ref(&whole), columns.clone());
+        assert_eq!(ColumnProfile::of(&pieces, columns.clone()), profile);
+        // Its counts and flags are the plain definitions, column by column.
+        for c in 0..columns.len() {
+            let id = c as u32;
+            let values: Vec<f32> = rows
+                .iter()
+                .flatten()
+                .filter(|(i, v)| columns.get(*i) == Some(id) && *v != 0.0)
+                .map(|(_, v)| *v)
+                .collect();
+            assert_eq!(profile.counts[c], values.len() as u64);
+            assert_eq!(
+                profile.flags[c],
+                values.iter().fold(0, |f, &v| f | dense_flags(v))
+            );
+            assert_eq!(
+                profile.bad[c],
+                values.iter().any(|&v| !dense_value_ok(v)),
+                "column {c}"
+            );
+        }
+        let mut bytes = Vec::new();
+        profile.write_to(&mut bytes).unwrap();
+        assert_eq!(ColumnProfile::read_from(&bytes).unwrap(), profile);
+        assert!(ColumnProfile::read_from(&bytes[..bytes.len() - 1]).is_err());
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(ColumnProfile::read_from(&longer).is_err());
+    }
+}
