@@ -303,8 +303,14 @@ fn reject_negative_indices(
     indices: &[i32],
     check: &VectorCheck,
 ) -> Result<()> {
+    use rayon::prelude::*;
     let (first, last) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
-    if !indices[first..last].iter().any(|&i| i < 0) {
+    // On every core, each block without an early exit (so that it vectorises): an index file's
+    // batch of a shard holds 2.1B entries.
+    let any_negative = indices[first..last]
+        .par_chunks(1 << 16)
+        .any(|block| block.iter().fold(false, |any, &i| any | (i < 0)));
+    if !any_negative {
         return Ok(());
     }
     for row in 0..array.len() {

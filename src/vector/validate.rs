@@ -76,11 +76,36 @@ impl VectorCheck {
 
     fn validate_rows(&self, batch: &SparseBatch, rows: std::ops::Range<usize>) -> Result<()> {
         let mut scratch: Vec<i32> = Vec::new();
+        // Every check of a row at once, without a branch per entry: a row that passes them all
+        // (sorted, so no duplicate) is done; any other is checked entry by entry below, for the
+        // error that names what is wrong (or, when unsorted, for duplicates).
+        // (in 32 bits, order kept by flipping the sign bit: 64-bit compares do not vectorise on
+        // the baseline x86-64)
+        let flip = |i: i32| (i as u32 ^ 0x8000_0000) as i32;
+        let below = self
+            .dim
+            .filter(|&d| d < 1 << 32)
+            .map(|d| flip(d as u32 as i32));
+        let nonnegative = self.nonnegative_for.is_some();
+        let passes = |indices: &[i32], values: &[f32]| {
+            let in_range =
+                below.is_none_or(|b| indices.iter().fold(true, |ok, &i| ok & (flip(i) < b)));
+            let sorted = indices
+                .windows(2)
+                .fold(true, |ok, w| ok & (flip(w[1]) > flip(w[0])));
+            let values_ok = values.iter().fold(true, |ok, &v| {
+                ok & v.is_finite() & !(nonnegative & (v < 0.0))
+            });
+            in_range & sorted & values_ok
+        };
         for row in rows {
             if batch.is_null(row) {
                 continue;
             }
             let (indices, values) = batch.row(row);
+            if passes(indices, values) {
+                continue;
+            }
             let mut sorted = true;
             let mut prev = -1i64;
             for (&stored, &v) in indices.iter().zip(values) {
