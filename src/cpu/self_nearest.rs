@@ -95,10 +95,9 @@ fn self_nearest_in_strips(
     strip: usize,
 ) -> Result<bool> {
     let n = index.rows;
-    if rows.len() != n || !index.fills_dense_block() {
+    if rows.len() != n {
         return exec_err!(
-            "the nearest of an index's own rows need its rows and a folded metric: {} rows \
-             against an index of {n}",
+            "the nearest of an index's own rows need its rows: {} rows against an index of {n}",
             rows.len()
         );
     }
@@ -110,7 +109,7 @@ fn self_nearest_in_strips(
             indices.len()
         );
     }
-    if !self_nearest_is_exact(metric, rows) {
+    if !index.fills_dense_block() || !self_nearest_is_exact(metric, rows) {
         return Ok(false);
     }
     if n == 0 || k == 0 {
@@ -283,7 +282,8 @@ mod tests {
         }
     }
 
-    /// Fractions, a metric it does not answer, large counts: `false`, nothing written.
+    /// Fractions, large counts, metrics it does not answer (folded or not): `false`, nothing
+    /// written.
     #[test]
     fn self_nearest_declines_where_order_could_change_bits() {
         let mut rng = StdRng::seed_from_u64(9);
@@ -293,11 +293,15 @@ mod tests {
         let plain = counts(&mut rng, 120, 1.0);
         let dot = Metric::new("dot", None, None).unwrap();
         let jaccard = Metric::new("jaccard", None, None).unwrap();
+        let chebyshev = Metric::new("chebyshev", None, None).unwrap();
+        let minkowski = Metric::new("minkowski", Some(3.0), None).unwrap();
         for (rows, metric) in [
             (&fractions, &cosine),
             (&large, &cosine),
             (&plain, &dot),
             (&plain, &jaccard),
+            (&plain, &chebyshev),
+            (&plain, &minkowski),
         ] {
             let index = CpuIndex::build(rows, metric);
             let (mut d, mut ix) = (vec![-3.0; 120 * 4], vec![-3i64; 120 * 4]);
