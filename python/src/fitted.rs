@@ -14,6 +14,7 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_err, Result};
 use datafusion::prelude::SessionContext;
+use datafusion_sparse_knn::cpu::self_nearest;
 use datafusion_sparse_knn::index::SparseIndex;
 use datafusion_sparse_knn::join::{max_chunk_nnz, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::options::{ExcludeSelf, JoinOptions};
@@ -221,6 +222,20 @@ impl Fitted {
     fn similarity(&self) -> bool {
         self.metric.kind.is_similarity()
     }
+
+    /// The fitted rows' k nearest among themselves from the symmetric dense block, each pair
+    /// computed once (`cpu::self_nearest`): the probe's answer bit for bit, where it answers
+    /// (a CPU index of one piece, raw counts under cosine, euclidean, sqeuclidean or
+    /// manhattan). False: probe.
+    fn self_nearest(&self, query: &Query, k: usize, out: (&mut [f64], &mut [i64])) -> Result<bool> {
+        let (Query::Fitted, [rows]) = (query, &self.rows[..]) else {
+            return Ok(false);
+        };
+        match self.built.index.cpu_index(&self.metric)? {
+            Some(index) => self_nearest(&index, rows, &self.metric, k, out),
+            None => Ok(false),
+        }
+    }
 }
 
 pub(crate) fn rows_of(pieces: &[SparseBatch]) -> usize {
@@ -411,6 +426,9 @@ impl FittedIndex {
         let mut distances = vec![f64::NAN; n * k];
         let mut indices = vec![-1i64; n * k];
         py.detach(|| {
+            if fitted.self_nearest(&query, k, (&mut distances, &mut indices))? {
+                return Ok(());
+            }
             fitted.probe_runs(
                 &query,
                 Selection::Nearest(k),

@@ -293,6 +293,37 @@ def test_errors(kos):
         nn.radius_neighbors(kos[:2], radius=-1.0)
 
 
+@pytest.mark.parametrize("metric", ["cosine", "euclidean", "sqeuclidean", "manhattan"])
+def test_graph_of_the_fitted_rows_is_the_probe_bit_for_bit(pbmc, metric):
+    """X=None on raw counts takes the symmetric dense block (each pair once); the probe of the
+    same rows as queries, each row's own pair dropped from its k + 1, is the reference, bit for
+    bit. Halved counts (fractions: the block would sum in another order) take the probe."""
+    k = 15
+    for X in (pbmc, pbmc * 0.5):
+        nn = knn.NearestNeighbors(n_neighbors=k, metric=metric, device="cpu").fit(X)
+        d, i = nn.kneighbors()
+        ref_d, ref_i = nn.kneighbors(X, n_neighbors=k + 1)
+        own = ref_i == np.arange(X.shape[0])[:, None]
+        assert (own.sum(axis=1) == 1).all(), metric  # each row finds itself among its k + 1
+        ref_d = ref_d[~own].reshape(-1, k)
+        ref_i = ref_i[~own].reshape(-1, k)
+        assert np.array_equal(i, ref_i), metric
+        assert np.array_equal(d.view(np.int64), ref_d.view(np.int64)), metric
+        g = nn.kneighbors_graph(mode="distance")
+        assert np.array_equal(g.indices, i.ravel()) and np.array_equal(g.data, d.ravel())
+
+
+def test_umap_takes_our_precomputed_knn(pbmc):
+    umap = pytest.importorskip("umap")
+    X = pbmc[:400]
+    knn_graph = knn.precomputed_knn(X, n_neighbors=10, metric="cosine")
+    reducer = umap.UMAP(n_neighbors=10, metric="cosine", precomputed_knn=knn_graph, n_epochs=20, random_state=0)
+    emb = reducer.fit_transform(X)
+    assert emb.shape == (400, 2) and np.isfinite(emb).all()
+    # UMAP kept our lists rather than searching again.
+    assert np.array_equal(reducer._knn_indices, knn_graph[0])
+
+
 def test_self_first_graph_for_umap(pbmc):
     X = pbmc[:300]
     idx, dist = knn.precomputed_knn(X, n_neighbors=10, metric="cosine")

@@ -60,13 +60,13 @@ pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
         vectors: Vectors,
     ) -> Vec<PairList>;
 
-    /// `dense_block::dense_block` (its arguments checked there), of `(stride, symmetric)`.
+    /// `dense_block::dense_block` (its arguments checked there) of the rows `shape` says.
     fn dense_block(
         &self,
         index: &CpuIndex,
         left: &SparseBatch,
         out: &mut [f64],
-        how: (usize, bool),
+        shape: super::dense_block::Shape,
         vectors: Vectors,
     );
 }

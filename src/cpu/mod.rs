@@ -11,6 +11,7 @@ mod minkowski;
 mod persist;
 mod probe;
 mod ranges;
+mod self_nearest;
 mod union;
 mod vectors;
 
@@ -24,6 +25,7 @@ pub use index::CpuIndex;
 #[cfg(test)]
 use probe::probe_parts_with;
 pub use probe::{probe, probe_parts};
+pub use self_nearest::{self_nearest, self_nearest_is_exact};
 use vectors::Vectors;
 
 use crate::join::{Backend, Cancel, JoinIndex, Probed};

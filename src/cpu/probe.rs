@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::certified::{certified_row, CertifiedScratch};
 use super::chebyshev::{chebyshev_row, ChebyshevScratch};
-use super::dense_block::fill_dense_block;
+use super::dense_block::{fill_dense_block, Shape};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
 use super::ranges::Ranges;
@@ -43,10 +43,10 @@ impl<S: Semiring> CpuKernels for S {
         index: &CpuIndex,
         left: &SparseBatch,
         out: &mut [f64],
-        how: (usize, bool),
+        shape: Shape,
         vectors: Vectors,
     ) {
-        fill_dense_block(self, index, left, out, how, vectors);
+        fill_dense_block(self, index, left, out, shape, vectors);
     }
 }
 

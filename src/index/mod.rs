@@ -509,6 +509,21 @@ impl SparseIndex {
         Ok(index.probe(left, selection, options)?.into_pairs())
     }
 
+    /// `metric`'s CPU index where it is a single index of every row (held, read or built as a
+    /// probe gets it), None on a GPU or where it is in shards: for what a probe does not do
+    /// over the whole right side, such as the nearest of its own rows (`cpu::self_nearest`).
+    pub fn cpu_index(&self, metric: &Metric) -> Result<Option<Arc<CpuIndex>>> {
+        if self.device != Device::Cpu {
+            return Ok(None);
+        }
+        self.source.check_served(&shaping(metric))?;
+        let (shards, _) = self.source.cpu_shards(metric)?;
+        Ok(match &shards[..] {
+            [(_, index)] => Some(Arc::clone(index)),
+            _ => None,
+        })
+    }
+
     /// The index as a table: register it (`ctx.register_table("corpus", index.table())`) and
     /// `knn_join(q, corpus, ...)` probes this index instead of building one; a plain `SELECT`
     /// reads its rows.
