@@ -18,6 +18,8 @@
 
 use std::any::TypeId;
 
+use rayon::prelude::*;
+
 use super::folded::FoldedScratch;
 use super::index::{CpuIndex, SPARSE};
 use crate::metric::math::{log, pow};
@@ -85,6 +87,32 @@ fn exp(m: f64) -> f64 {
 #[inline(always)]
 pub(crate) fn fast_pow(t: f64, p: f64) -> f64 {
     exp(p * log(t))
+}
+
+/// `|v|ᵖ` of each value for a p other than 1 to 4, as the folded pass reads them (`col_lifts`,
+/// `dense_lifts`): by the pass's own power, within `POW_ERROR / 2` of the true one as its
+/// `|x − y|ᵖ` is (half-integer p: [`HalfProducts`], else [`fast_pow`]; a pair's two fast pows,
+/// each within that, sum to at most `POW_ERROR·parts` over a row, the bound `certified.rs` adds),
+/// where a libm pow per stored value made most of the build.
+pub(crate) fn filter_powers(p: f64, values: &[f32]) -> Vec<f64> {
+    fn with<W: Power + Send + Sync>(w: W, values: &[f32]) -> Vec<f64> {
+        let mut out = vec![0.0; values.len()];
+        // Chunks, so that each thread's loop runs over contiguous values on vector lanes.
+        out.par_chunks_mut(4096)
+            .zip(values.par_chunks(4096))
+            .for_each(|(out, values)| {
+                for (o, &v) in out.iter_mut().zip(values) {
+                    *o = w.power((v as f64).abs());
+                }
+            });
+        out
+    }
+    match p {
+        1.5 => with(HalfProducts::<1>, values),
+        2.5 => with(HalfProducts::<2>, values),
+        3.5 => with(HalfProducts::<3>, values),
+        _ => with(Fast(p), values),
+    }
 }
 
 /// `certified.rs`'s folded pass (`folded::accumulate`) for minkowski of degree `p`:
