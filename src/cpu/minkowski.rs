@@ -108,10 +108,10 @@ pub(crate) fn fast_pow(t: f64, p: f64) -> f64 {
 }
 
 /// `|v|ᵖ` of each value for a p other than 1 to 4, as the folded pass reads them (`col_lifts`,
-/// `dense_lifts`): by the pass's own power, within half of [`pow_error`] of the true one as its
-/// `|x − y|ᵖ` is (half-integer p: [`HalfProducts`], else [`fast_pow`]; a pair's two powers, each
-/// within that, sum to at most `pow_error·parts` over a row, the bound `certified.rs` adds),
-/// where a libm pow per stored value made most of the build.
+/// `dense_lifts`; none for a half-integer p, whose pass computes them): by the pass's own power
+/// ([`fast_pow`]), within half of [`pow_error`] of the true one as its `|x − y|ᵖ` is (a pair's
+/// two powers, each within that, sum to at most `pow_error·parts` over a row, the bound
+/// `certified.rs` adds), where a libm pow per stored value made most of the build.
 pub(crate) fn filter_powers(p: f64, values: &[f32]) -> Vec<f64> {
     fn with<W: Power + Send + Sync>(w: W, values: &[f32]) -> Vec<f64> {
         let mut out = vec![0.0; values.len()];
@@ -126,9 +126,7 @@ pub(crate) fn filter_powers(p: f64, values: &[f32]) -> Vec<f64> {
         out
     }
     match p {
-        1.5 => with(HalfProducts::<1>, values),
-        2.5 => with(HalfProducts::<2>, values),
-        3.5 => with(HalfProducts::<3>, values),
+        1.5 | 2.5 | 3.5 => Vec::new(),
         _ => with(Fast(p), values),
     }
 }
@@ -171,6 +169,9 @@ trait Power: Copy {
     /// Dense columns are added four a pass (one a pass where the compiler did not unroll the
     /// four into the loop over rows: the fast pow).
     const GROUPED: bool;
+    /// Lists and dense columns of few distinct values take a pair per distinct value, by code
+    /// (where the pair costs more than a product).
+    const CODED: bool;
     fn power(self, t: f64) -> f64;
 
     /// The folded pair of left value x (with `|x|ᵖ`) and right value y, with `|y|ᵖ` from `lifts`
@@ -194,6 +195,7 @@ struct Products<const P: u32>;
 impl<const P: u32> Power for Products<P> {
     const LIFTS: bool = false;
     const GROUPED: bool = true;
+    const CODED: bool = false;
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         pow(t, P as f64)
@@ -213,8 +215,11 @@ impl<const P: u32> Power for Products<P> {
 struct HalfProducts<const N: u32>;
 
 impl<const N: u32> Power for HalfProducts<N> {
-    const LIFTS: bool = true;
+    // |y|ᵖ is computed, not read: at a float square root a value, cheaper than the 8 bytes of a
+    // lift (scrna_full's probe, bound by its reads of postings, took 8.8 s with lifts).
+    const LIFTS: bool = false;
     const GROUPED: bool = true;
+    const CODED: bool = true;
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         let whole = match N {
@@ -233,6 +238,7 @@ struct Fast(f64);
 impl Power for Fast {
     const LIFTS: bool = true;
     const GROUPED: bool = false;
+    const CODED: bool = true;
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         fast_pow(t, self.0)
@@ -263,7 +269,7 @@ fn accumulate_power<S: Semiring, W: Power>(
         if let Some(col) = index.columns.get(c) {
             match index.dense_slot[col as usize] {
                 SPARSE => sparse.push((col, x)),
-                slot if W::LIFTS && index.dense_codes.column(slot, n).is_some() => {
+                slot if W::CODED && index.dense_codes.column(slot, n).is_some() => {
                     coded_dense.push((slot, x))
                 }
                 slot => dense.push((slot, x)),
@@ -346,7 +352,7 @@ fn accumulate_power<S: Semiring, W: Power>(
     for &(col, x) in sparse.iter() {
         let x = left(x);
         let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
-        if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| W::LIFTS) {
+        if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| W::CODED) {
             // A list of few distinct values (counts): the pair of each once, a code per posting.
             for (i, (t, &y)) in coded.iter_mut().zip(distinct).enumerate() {
                 *t = w.pair(x, y, lifts, i);
