@@ -240,10 +240,8 @@ impl CpuIndex {
         };
         index.build_columns(right, dense_ratio);
         if S::LIFTED {
-            // On both cores: a logarithm or square root per stored value (a map keeps each
-            // value's bits, whatever the order).
-            index.col_lifts = index.col_vals.par_iter().map(|&v| s.lift(v)).collect();
-            index.dense_lifts = index.dense_vals.par_iter().map(|&v| s.lift(v)).collect();
+            index.col_lifts = index.col_vals.iter().map(|&v| s.lift(v)).collect();
+            index.dense_lifts = index.dense_vals.iter().map(|&v| s.lift(v)).collect();
             index.code_columns();
             index.coded_lifts = index.coded_vals.iter().map(|&v| s.lift(v)).collect();
         } else if let Some((p, true)) = minkowski_degree(s) {
