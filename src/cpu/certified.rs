@@ -8,7 +8,9 @@
 //! is the metric's `ROUNDING_GROWTH`, above 1 where a lifted pair's parts can exceed that), so the
 //! true sum lies in `[v − E, v + E]` for the folded value v. Minkowski's folded pass is
 //! `minkowski.rs`'s (loops compiled per power); for a p other than 1 to 4 its pairs come from a
-//! fast pow whose relative error `POW_ERROR` widens E by `POW_ERROR·(|acc| + 3(L + R))`. A right
+//! fast pow whose relative error `pow_error(p)` widens E by `pow_error·(|acc| + 3(L + R))`;
+//! jensenshannon's pairs come from `js_filter.rs`'s pair without a full logarithm, within
+//! `JS_PAIR_ERROR·(x + y)` each, which widens E by `JS_PAIR_ERROR·(|acc| + 3(L + R))`. A right
 //! row whose lower end is above the k-th smallest upper end (or, for a radius, whose lower end is
 //! outside the radius) cannot be in the answer; every other row is a candidate whose union sum
 //! is computed exactly. The answer is the exact one whatever the data: with well separated neighbours a handful of candidates per
@@ -19,13 +21,18 @@
 //! tie at the k-th distance their totals give, and a term per entry of each (a logarithm for
 //! jensenshannon, a `pow` for minkowski of a non-integer p) cost more than the folded pass.
 
+use std::any::TypeId;
+
 use super::folded::{accumulate, FoldedScratch, BLOCK};
 use super::index::CpuIndex;
-use super::minkowski::{accumulate_minkowski, minkowski_degree, POW_ERROR, POW_FLOOR};
+use super::js_filter::{JsFilter, JS_PAIR_ERROR};
+use super::minkowski::{accumulate_minkowski, minkowski_degree, pow_error};
 use super::union::UnionLeft;
 use super::vectors::multiversion;
 use crate::join::{within, PairList, Selection, TopK};
-use crate::metric::{one_sided_sum, sorted_nonzeros_into, RowTotals, Semiring, Side};
+use crate::metric::{
+    one_sided_sum, sorted_nonzeros_into, JensenShannon, KeyForm, RowTotals, Semiring, Side,
+};
 
 /// Scratch of one thread for this strategy, reused across left rows.
 #[derive(Debug, Default)]
@@ -72,10 +79,21 @@ fn certified_row_impl<S: Semiring>(
     let n = index.rows;
     let minkowski = minkowski_degree(s);
     let fast_pow = minkowski.is_some_and(|(_, fast)| fast);
+    let (pow_error, pow_floor) = pow_error(minkowski.map_or(1.0, |(p, _)| p));
+    let js = TypeId::of::<S>() == TypeId::of::<JensenShannon>();
     let left_totals = match minkowski {
         Some((p, _)) => accumulate_minkowski(s, p, index, (indices, values), folded),
+        // The filter's own pair, without a logarithm per posting (`js_filter.rs`).
+        None if js => accumulate(
+            &JsFilter(JensenShannon(s.params())),
+            index,
+            (indices, values),
+            folded,
+        ),
         None => accumulate(s, index, (indices, values), folded),
     };
+    // The filter pair's own error, relative to the x + y of each shared column.
+    let pair_error = if js { JS_PAIR_ERROR } else { 0.0 };
     let acc = &mut folded.acc0[..n];
 
     sorted_nonzeros_into((indices, values), &mut ws.left);
@@ -85,14 +103,23 @@ fn certified_row_impl<S: Semiring>(
     let mut exact = |j: usize| union.distance(s, index, j);
 
     let terms = (ws.left.len() + index.max_row_len + 8) as f64;
+    // A right row's t0 from `key_base`, which holds exactly it for a shifted key (every
+    // certified metric's) in a contiguous array, where `totals` interleaves t1: reading t0 from
+    // there took a permute per 8 rows, a tenth of a jensenshannon probe on movielens_full.
+    let shifted = matches!(S::KEY, KeyForm::Shifted { .. });
     let bound = |j: usize| -> (f64, f64) {
-        let (l, r) = (left_totals.t0, index.totals[j].t0);
+        let r = if shifted {
+            index.key_base[j]
+        } else {
+            index.totals[j].t0
+        };
+        let l = left_totals.t0;
         let v = l + r + acc[j];
         let parts = acc[j].abs() + 3.0 * (l + r);
-        let e = 2.0 * terms * f64::EPSILON * S::ROUNDING_GROWTH * parts;
+        let e = (2.0 * terms * f64::EPSILON * S::ROUNDING_GROWTH + pair_error) * parts;
         if fast_pow {
             // The fast pow's own error on each pair, and a term's flush to 0 below e^-708.
-            let e = e + POW_ERROR * parts + terms * POW_FLOOR;
+            let e = e + pow_error * parts + terms * pow_floor;
             return if (v - e).is_finite() && (v + e).is_finite() {
                 (v - e, v + e)
             } else {

@@ -13,7 +13,7 @@ use arrow::buffer::ScalarBuffer;
 use rayon::prelude::*;
 
 use super::dense_codes::DenseCodes;
-use super::minkowski::minkowski_degree;
+use super::minkowski::{filter_powers, minkowski_degree};
 use super::union::UnionRows;
 use super::vectors::Vectors;
 
@@ -244,12 +244,13 @@ impl CpuIndex {
             index.dense_lifts = index.dense_vals.iter().map(|&v| s.lift(v)).collect();
             index.code_columns();
             index.coded_lifts = index.coded_vals.iter().map(|&v| s.lift(v)).collect();
-        } else if minkowski_degree(s).is_some_and(|(_, fast)| fast) {
-            // A libm pow per stored value: on both cores (it was most of the build).
+        } else if let Some((p, true)) = minkowski_degree(s) {
+            // |v|ᵖ by the folded pass's own power, not libm's pow (which was a quarter of
+            // minkowski p = 2.5's build on anchors.py's shapes): the lifts only feed the bounds.
+            index.col_lifts = filter_powers(p, &index.col_vals);
+            index.dense_lifts = filter_powers(p, &index.dense_vals);
             let prm = s.params();
             let power = |&v: &f32| S::total0(v as f64, &prm);
-            index.col_lifts = index.col_vals.par_iter().map(power).collect();
-            index.dense_lifts = index.dense_vals.par_iter().map(power).collect();
             // Lists of few distinct values take one pair per distinct value, as a lifted
             // metric's do (`minkowski.rs`).
             index.code_columns();

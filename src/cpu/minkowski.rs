@@ -18,6 +18,8 @@
 
 use std::any::TypeId;
 
+use rayon::prelude::*;
+
 use super::folded::FoldedScratch;
 use super::index::{CpuIndex, SPARSE};
 use crate::metric::math::{log, pow};
@@ -28,6 +30,24 @@ pub(crate) const POW_ERROR: f64 = 1.0 / (1u64 << 40) as f64;
 
 /// The absolute error a term may add where its true value is below e^−708.
 pub(crate) const POW_FLOOR: f64 = 1e-300;
+
+/// A bound on the relative error of [`HalfProducts`] (its square root in single precision:
+/// 1.5·2⁻²⁴ and a few double roundings, within 2⁻²³).
+pub(crate) const HALF_POW_ERROR: f64 = 1.0 / (1u64 << 22) as f64;
+
+/// The absolute error a [`HalfProducts`] term may add where t is below float32's normal range
+/// (its root taken as that of 2⁻¹²⁶): at most t·2⁻⁶³ ≤ 2⁻¹⁸⁹.
+pub(crate) const HALF_POW_FLOOR: f64 = 1e-55;
+
+/// The relative error and the absolute floor the bounds add per term for minkowski of a degree
+/// `p` other than 1 to 4, by the power that degree takes.
+pub(crate) fn pow_error(p: f64) -> (f64, f64) {
+    if [1.5, 2.5, 3.5].contains(&p) {
+        (HALF_POW_ERROR, HALF_POW_FLOOR)
+    } else {
+        (POW_ERROR, POW_FLOOR)
+    }
+}
 
 /// Postings whose pairs are computed at once before they are scattered.
 const RUN: usize = 128;
@@ -87,6 +107,30 @@ pub(crate) fn fast_pow(t: f64, p: f64) -> f64 {
     exp(p * log(t))
 }
 
+/// `|v|ᵖ` of each value for a p other than 1 to 4, as the folded pass reads them (`col_lifts`,
+/// `dense_lifts`; none for a half-integer p, whose pass computes them): by the pass's own power
+/// ([`fast_pow`]), within half of [`pow_error`] of the true one as its `|x − y|ᵖ` is (a pair's
+/// two powers, each within that, sum to at most `pow_error·parts` over a row, the bound
+/// `certified.rs` adds), where a libm pow per stored value made most of the build.
+pub(crate) fn filter_powers(p: f64, values: &[f32]) -> Vec<f64> {
+    fn with<W: Power + Send + Sync>(w: W, values: &[f32]) -> Vec<f64> {
+        let mut out = vec![0.0; values.len()];
+        // Chunks, so that each thread's loop runs over contiguous values on vector lanes.
+        out.par_chunks_mut(4096)
+            .zip(values.par_chunks(4096))
+            .for_each(|(out, values)| {
+                for (o, &v) in out.iter_mut().zip(values) {
+                    *o = w.power((v as f64).abs());
+                }
+            });
+        out
+    }
+    match p {
+        1.5 | 2.5 | 3.5 => Vec::new(),
+        _ => with(Fast(p), values),
+    }
+}
+
 /// `certified.rs`'s folded pass (`folded::accumulate`) for minkowski of degree `p`:
 /// `ws.acc0[j]` gets the folded sum over the columns the left row shares with right row j;
 /// returns the left row's totals (the metric's, exact).
@@ -122,6 +166,12 @@ pub(crate) fn accumulate_minkowski<S: Semiring>(
 trait Power: Copy {
     /// `|y|ᵖ` is read from the index's lifts rather than computed.
     const LIFTS: bool;
+    /// Dense columns are added four a pass (one a pass where the compiler did not unroll the
+    /// four into the loop over rows: the fast pow).
+    const GROUPED: bool;
+    /// Lists and dense columns of few distinct values take a pair per distinct value, by code
+    /// (where the pair costs more than a product).
+    const CODED: bool;
     fn power(self, t: f64) -> f64;
 
     /// The folded pair of left value x (with `|x|ᵖ`) and right value y, with `|y|ᵖ` from `lifts`
@@ -144,23 +194,32 @@ struct Products<const P: u32>;
 
 impl<const P: u32> Power for Products<P> {
     const LIFTS: bool = false;
+    const GROUPED: bool = true;
+    const CODED: bool = false;
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         pow(t, P as f64)
     }
 }
 
-/// p = N + ½ for N in 1..=3: `tᴺ·√t`, N − 1 products, a square root and a product, each
-/// correctly rounded, so within (N + 1)·2⁻⁵³ relative, far inside [`POW_ERROR`] that the bounds
-/// allow. No underflow or overflow to mind: t is a difference of float32 values, below 2¹²⁹, so
-/// tᵖ stays below 2⁴⁵², and above 2⁻¹⁵⁰ when not 0, so tᵖ stays above 2⁻⁵²⁵. Where
+/// p = N + ½ for N in 1..=3: `tᴺ·√t`, N − 1 products, a square root and a product. Where
 /// [`fast_pow`]'s exponential of a logarithm (two divisions and some forty operations a pair)
-/// made p = 2.5 take 3.1x cosine's time on news20 against 1.8x for p = 3.
+/// made p = 2.5 take 3.1x cosine's time on news20 against 1.8x for p = 3. The square root is
+/// taken in single precision: a double's (`vsqrtpd`) was most of p = 2.5's probe on anchors.py's
+/// scrna_full shape, and a float's does twice the lanes at a fraction of the latency. t to
+/// float32 is within 2⁻²⁴ relative, its root within 2⁻²⁴ more, so tᵖ is within
+/// [`HALF_POW_ERROR`] / 2 where t is a normal float32; a t of 2¹²⁸ or more (a difference of two
+/// huge values) gives +∞, no bound (the row a candidate), and a t below 2⁻¹²⁶ the root of 2⁻¹²⁶,
+/// an absolute error under [`HALF_POW_FLOOR`].
 #[derive(Clone, Copy)]
 struct HalfProducts<const N: u32>;
 
 impl<const N: u32> Power for HalfProducts<N> {
-    const LIFTS: bool = true;
+    // |y|ᵖ is computed, not read: at a float square root a value, cheaper than the 8 bytes of a
+    // lift (scrna_full's probe, bound by its reads of postings, took 8.8 s with lifts).
+    const LIFTS: bool = false;
+    const GROUPED: bool = true;
+    const CODED: bool = true;
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         let whole = match N {
@@ -168,7 +227,7 @@ impl<const N: u32> Power for HalfProducts<N> {
             2 => t * t,
             _ => t * t * t,
         };
-        whole * t.sqrt()
+        whole * (t as f32).max(f32::MIN_POSITIVE).sqrt() as f64
     }
 }
 
@@ -178,6 +237,8 @@ struct Fast(f64);
 
 impl Power for Fast {
     const LIFTS: bool = true;
+    const GROUPED: bool = false;
+    const CODED: bool = true;
     #[inline(always)]
     fn power(self, t: f64) -> f64 {
         fast_pow(t, self.0)
@@ -208,7 +269,7 @@ fn accumulate_power<S: Semiring, W: Power>(
         if let Some(col) = index.columns.get(c) {
             match index.dense_slot[col as usize] {
                 SPARSE => sparse.push((col, x)),
-                slot if W::LIFTS && index.dense_codes.column(slot, n).is_some() => {
+                slot if W::CODED && index.dense_codes.column(slot, n).is_some() => {
                     coded_dense.push((slot, x))
                 }
                 slot => dense.push((slot, x)),
@@ -230,9 +291,11 @@ fn accumulate_power<S: Semiring, W: Power>(
         let lifts = if W::LIFTS { &lifts[..n] } else { lifts };
         (&index.dense_vals[range(slot)][..n], lifts)
     };
-    // Four columns a pass where the pair is a few products; one where it is the fast pow, whose
-    // loop over four columns was not unrolled, so its loop over rows ran one row at a time.
-    let grouped = if W::LIFTS { &[][..] } else { &dense[..] };
+    // Four columns a pass where the pair is a few products (and a square root); one where it is
+    // the fast pow, whose loop over four columns was not unrolled, so its loop over rows ran one
+    // row at a time. A pass a column read and wrote the accumulator once per column: on
+    // scrna_full (120 dense columns a left row) p = 2.5's pass was bound by that traffic.
+    let grouped = if W::GROUPED { &dense[..] } else { &[][..] };
     let mut groups = grouped.chunks_exact(4);
     for g in &mut groups {
         let cols = [
@@ -255,10 +318,10 @@ fn accumulate_power<S: Semiring, W: Power>(
             acc[j] += a;
         }
     }
-    let rest = if W::LIFTS {
-        &dense[..]
-    } else {
+    let rest = if W::GROUPED {
         groups.remainder()
+    } else {
+        &dense[..]
     };
     for &(slot, x) in rest {
         let ((vals, lifts), x) = (column(slot), left(x));
@@ -289,7 +352,7 @@ fn accumulate_power<S: Semiring, W: Power>(
     for &(col, x) in sparse.iter() {
         let x = left(x);
         let (start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
-        if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| W::LIFTS) {
+        if let Some((distinct, lifts)) = index.coded_column(col as usize).filter(|_| W::CODED) {
             // A list of few distinct values (counts): the pair of each once, a code per posting.
             for (i, (t, &y)) in coded.iter_mut().zip(distinct).enumerate() {
                 *t = w.pair(x, y, lifts, i);
@@ -368,10 +431,18 @@ mod tests {
             }
         }
         assert!(worst > 0.0);
-        // The half-integer powers' products and square root, over the same differences.
-        for case in 0..100_000 {
+        // The half-integer powers' products and square root, over the same differences, and over
+        // values of every size (a row's own |y|ᵖ).
+        let mut half_worst = 0.0f64;
+        for case in 0..200_000 {
             let bits = rng.random_range(0..0x7f7f_ffffu32);
-            let (x, y) = (f32::from_bits(bits), rng.random_range(-4.0f32..4.0));
+            let x = f32::from_bits(bits);
+            let y = match case % 4 {
+                // A huge difference (past float32's range) and a tiny one (below its normals).
+                0 => -f32::from_bits(rng.random_range(0..0x7f7f_ffffu32)),
+                1 => f32::from_bits(bits ^ 1),
+                _ => rng.random_range(-4.0f32..4.0),
+            };
             let t = (x as f64 - y as f64).abs();
             let (ours, p) = match case % 3 {
                 0 => (HalfProducts::<1>.power(t), 1.5),
@@ -380,11 +451,22 @@ mod tests {
             };
             let want = t.powf(p);
             assert!(want == 0.0 || want.is_normal(), "{t}^{p} = {want:e}");
+            if t >= f32::MAX as f64 {
+                // No bound: the row becomes a candidate.
+                assert!(
+                    ours == f64::INFINITY || (ours - want).abs() <= HALF_POW_ERROR / 2.0 * want
+                );
+                continue;
+            }
             assert!(
-                (ours - want).abs() <= POW_ERROR / 2.0 * want,
+                (ours - want).abs() <= HALF_POW_ERROR / 2.0 * want + HALF_POW_FLOOR,
                 "{t}^{p} = {ours:e}, want {want:e}"
             );
+            if want > 0.0 {
+                half_worst = half_worst.max((ours - want).abs() / want);
+            }
         }
+        assert!(half_worst > 1e-9, "single precision shows: {half_worst:e}");
         assert_eq!(fast_pow(0.0, 2.5), 0.0);
         assert_eq!(fast_pow(1.0, 7.3), 1.0);
     }

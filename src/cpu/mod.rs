@@ -7,6 +7,7 @@ mod dense_block;
 mod dense_codes;
 mod folded;
 mod index;
+mod js_filter;
 mod minkowski;
 mod persist;
 mod probe;
