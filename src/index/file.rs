@@ -122,6 +122,17 @@ impl<W: Write> Counting<W> {
         Ok(self.written)
     }
 
+    /// A section of a shard of `rows` rows, its contents written by `write`: its header entry.
+    fn shard_section(
+        &mut self,
+        rows: usize,
+        write: impl FnOnce(&mut Self) -> std::io::Result<()>,
+    ) -> std::io::Result<Value> {
+        let start = self.start_section()?;
+        write(self)?;
+        Ok(json!({"rows": rows, "section": section_json(&self.end_section(start))}))
+    }
+
     fn end_section(&mut self, offset: u64) -> Section {
         let crc = std::mem::take(&mut self.crc).finalize();
         Section {
@@ -231,10 +242,9 @@ fn write_to(
     for (metric, shards) in indexes {
         let mut sections = Vec::new();
         for (shard_rows, index) in shards {
-            let start = out.start_section().map_err(io)?;
-            index.write_to(&mut out).map_err(io)?;
             sections.push(
-                json!({"rows": shard_rows, "section": section_json(&out.end_section(start))}),
+                out.shard_section(*shard_rows, |out| index.write_to(out))
+                    .map_err(io)?,
             );
         }
         let mut entry = metric_json(metric);
@@ -243,10 +253,10 @@ fn write_to(
     }
     let mut stored_profiles = Vec::new();
     for (shard_rows, profile) in profiles {
-        let start = out.start_section().map_err(io)?;
-        profile.write_to(&mut out).map_err(io)?;
-        stored_profiles
-            .push(json!({"rows": shard_rows, "section": section_json(&out.end_section(start))}));
+        stored_profiles.push(
+            out.shard_section(*shard_rows, |out| profile.write_to(out))
+                .map_err(io)?,
+        );
     }
     let header = json!({
         "format": FORMAT_VERSION,
@@ -328,6 +338,28 @@ fn parse_section(path: &Path, v: &Value, size: u64) -> Result<Section> {
         len,
         crc: crc as u32,
     })
+}
+
+/// Shard entries (`{"rows", "section"}`, written by `Counting::shard_section`) as (rows,
+/// section); `what` names one in errors.
+fn parse_shard_sections(
+    path: &Path,
+    list: &[Value],
+    what: &str,
+    size: u64,
+) -> Result<Vec<(usize, Section)>> {
+    list.iter()
+        .map(|entry| {
+            let rows = entry
+                .get("rows")
+                .and_then(Value::as_u64)
+                .ok_or_else(|| damaged(path, format!("{what} without its rows")))?;
+            let section = entry
+                .get("section")
+                .ok_or_else(|| damaged(path, format!("{what} without its section")))?;
+            Ok((rows as usize, parse_section(path, section, size)?))
+        })
+        .collect()
 }
 
 fn parse_metric(path: &Path, v: &Value) -> Result<Metric> {
@@ -415,50 +447,20 @@ impl IndexFile {
             .ok_or_else(|| damaged(path, "no index list"))?
         {
             let metric = parse_metric(path, entry)?;
-            let mut shards = Vec::new();
-            for shard in entry
+            let shards = entry
                 .get("shards")
                 .and_then(Value::as_array)
-                .ok_or_else(|| damaged(path, "an index without shards"))?
-            {
-                let rows = shard
-                    .get("rows")
-                    .and_then(Value::as_u64)
-                    .ok_or_else(|| damaged(path, "a shard without its rows"))?;
-                let section = parse_section(
-                    path,
-                    shard
-                        .get("section")
-                        .ok_or_else(|| damaged(path, "a shard without its section"))?,
-                    size,
-                )?;
-                shards.push((rows as usize, section));
-            }
+                .ok_or_else(|| damaged(path, "an index without shards"))?;
+            let shards = parse_shard_sections(path, shards, "a shard", size)?;
             if shards.iter().map(|s| s.0).sum::<usize>() != rows {
                 return Err(damaged(path, "an index's shards do not cover the rows"));
             }
             indexes.push(StoredIndex { metric, shards });
         }
-        let mut profiles = Vec::new();
-        for entry in header
-            .get("column_profiles")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let rows = entry
-                .get("rows")
-                .and_then(Value::as_u64)
-                .ok_or_else(|| damaged(path, "a column profile without its rows"))?;
-            let section = parse_section(
-                path,
-                entry
-                    .get("section")
-                    .ok_or_else(|| damaged(path, "a column profile without its section"))?,
-                size,
-            )?;
-            profiles.push((rows as usize, section));
-        }
+        let profiles = match header.get("column_profiles").and_then(Value::as_array) {
+            Some(list) => parse_shard_sections(path, list, "a column profile", size)?,
+            None => Vec::new(),
+        };
         if !profiles.is_empty() && profiles.iter().map(|p| p.0).sum::<usize>() != rows {
             return Err(damaged(path, "the column profiles do not cover the rows"));
         }
