@@ -97,11 +97,13 @@ impl ColumnProfile {
                 let mut all_ok = true;
                 visit(range.clone(), &mut |idx, val| {
                     for (&c, &v) in idx.iter().zip(val) {
-                        let id = columns.get(c).expect("a column of the right side") as usize;
-                        let nonzero = v != 0.0;
-                        counts[id] += u32::from(nonzero);
-                        flags[id] |= if nonzero { dense_flags(v) } else { 0 };
-                        all_ok &= dense_value_ok(v);
+                        // (a stored zero may sit in a column the sorted map leaves out)
+                        if v != 0.0 {
+                            let id = columns.get(c).expect("a column of the right side") as usize;
+                            counts[id] += 1;
+                            flags[id] |= dense_flags(v);
+                            all_ok &= dense_value_ok(v);
+                        }
                     }
                 });
                 let mut bad = Vec::new();

@@ -549,3 +549,18 @@ fn a_column_profile_is_the_same_over_any_pieces_and_survives_its_bytes() {
         assert!(ColumnProfile::read_from(&longer).is_err());
     }
 }
+
+/// A stored zero in a column where no row has a nonzero: the sorted map leaves the column out
+/// (it has no list), and the profile passes over the entry.
+#[test]
+fn a_stored_zero_outside_the_map_is_passed_over() {
+    let rows: Vec<Vec<(i32, f32)>> = vec![
+        vec![(3, 1.0), (1 << 30, 2.0)],
+        vec![(5, 0.0), (1 << 29, 4.0)],
+    ];
+    let batch = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice())));
+    let columns = ColumnMap::of(std::slice::from_ref(&batch));
+    assert_eq!(columns, ColumnMap::Sorted(vec![3, 1 << 29, 1 << 30]));
+    let profile = ColumnProfile::of(std::slice::from_ref(&batch), columns);
+    assert_eq!(profile.counts, vec![1, 1, 1]);
+}
