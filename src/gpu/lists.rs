@@ -7,7 +7,6 @@
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use datafusion::common::{exec_err, Result};
-use rayon::prelude::*;
 
 use super::args::ListArgs;
 use super::device::{cuda_err, Device};
@@ -41,6 +40,43 @@ pub(crate) struct ListSource<'a> {
     /// The sorted column ids on the device ([`ColumnMap::Sorted`]); None for direct ids.
     pub(crate) col_ids: Option<&'a CudaSlice<i32>>,
     pub(crate) tile_rows: usize,
+    /// The part's CSR, when it went up while the host prepared the part ([`upload_rows`]).
+    pub(crate) rows: Option<&'a RowsOnDevice>,
+}
+
+/// A part's CSR on the device: its row pointers from the part's first entry, indices and values.
+pub(crate) struct RowsOnDevice {
+    first_row: usize,
+    rows: usize,
+    offsets: CudaSlice<u32>,
+    indices: CudaSlice<i32>,
+    values: CudaSlice<f32>,
+}
+
+/// Rows `start..end` of `right` as they are, to the device. Nothing on the device reads them
+/// before the part is prepared and its lists are built (after the rows' checks), so a build
+/// runs this beside the host's preparation: the copy of an 11M-row right side (17 GB) took as
+/// long as that preparation and the checks together.
+pub(crate) fn upload_rows(
+    device: &Device,
+    right: &SparseBatch,
+    start: usize,
+    end: usize,
+    stats: &mut GpuStats,
+) -> Result<RowsOnDevice> {
+    let offsets = &right.offsets()[start..=end];
+    let (o0, o1) = (offsets[0] as usize, offsets[end - start] as usize);
+    // Row pointers from the part's first entry (u32: a part's entries are addressed in 32 bits,
+    // `check_size`); on this thread, which runs beside the host's preparation (a parallel map
+    // queued behind that work waited for it).
+    let r_off: Vec<u32> = offsets.iter().map(|&o| (o as usize - o0) as u32).collect();
+    Ok(RowsOnDevice {
+        first_row: start,
+        rows: end - start,
+        offsets: upload(device, &r_off, stats)?,
+        indices: upload(device, &right.indices()[o0..o1], stats)?,
+        values: upload(device, &right.values()[o0..o1], stats)?,
+    })
 }
 
 /// Device bytes the build holds beside the part's own buffers, for rows `start..end`: the CSR
@@ -84,18 +120,14 @@ pub(crate) fn build(
         .device_lists
         .expect("a part prepared for lists built on the device");
     let (start, rows) = (host.first_row, host.rows);
-    let right = source.right;
-    let offsets = &right.offsets()[start..=start + rows];
-    let (o0, o1) = (offsets[0] as usize, offsets[rows] as usize);
-    // Row pointers from the part's first entry (u32: a part's entries are addressed in 32 bits,
-    // `check_size`).
-    let r_off: Vec<u32> = offsets
-        .par_iter()
-        .map(|&o| (o as usize - o0) as u32)
-        .collect();
-    let d_off = upload(device, &r_off, stats)?;
-    let d_idx = upload(device, &right.indices()[o0..o1], stats)?;
-    let d_val = upload(device, &right.values()[o0..o1], stats)?;
+    let uploaded_here;
+    let csr = match source.rows {
+        Some(csr) if (csr.first_row, csr.rows) == (start, rows) => csr,
+        _ => {
+            uploaded_here = upload_rows(device, source.right, start, start + rows, stats)?;
+            &uploaded_here
+        }
+    };
     let ncols = source.columns.len();
     let n = ncols * (host.ntiles + 1);
     let nblocks = n.div_ceil(SCAN_ITEMS * SCAN_THREADS).max(1);
@@ -112,9 +144,9 @@ pub(crate) fn build(
         ))
     };
     let args = ListArgs {
-        r_off: addr(device, &d_off),
-        r_idx: addr(device, &d_idx),
-        r_val: addr(device, &d_val),
+        r_off: addr(device, &csr.offsets),
+        r_idx: addr(device, &csr.indices),
+        r_val: addr(device, &csr.values),
         valid_bits: if dev.all_valid {
             0
         } else {

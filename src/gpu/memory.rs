@@ -1,5 +1,8 @@
 //! Moving buffers between the host and a device, on the stream of the device's lane.
 
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
 use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use datafusion::common::Result;
 use rayon::prelude::*;
@@ -52,19 +55,24 @@ fn upload_staged<T: DeviceRepr>(
         std::slice::from_raw_parts(data.as_ptr().cast::<u8>(), std::mem::size_of_val(data))
     };
     let chunk_bytes = staging.chunk_bytes();
+    let (started, mut waiting) = (Instant::now(), Duration::ZERO);
     for (i, chunk) in bytes.chunks(chunk_bytes).enumerate() {
         let (buffer, copied) = staging.buffer(i % 2);
         // The buffer's last copy is done before it is filled again.
+        let wait = Instant::now();
         copied
             .synchronize()
             .map_err(cuda_err("copying to the device"))?;
+        waiting += wait.elapsed();
         let target = &mut buffer
             .as_mut_slice()
             .map_err(cuda_err("copying to the device"))?[..chunk.len()];
-        target
-            .par_chunks_mut(1 << 20)
-            .zip(chunk.par_chunks(1 << 20))
-            .for_each(|(to, from)| to.copy_from_slice(from));
+        fill_pool().install(|| {
+            target
+                .par_chunks_mut(1 << 20)
+                .zip(chunk.par_chunks(1 << 20))
+                .for_each(|(to, from)| to.copy_from_slice(from))
+        });
         // SAFETY: the destination range lies inside `dst` (allocated on this stream); the source
         // is pinned and not written again before `copied` says this copy is done.
         unsafe {
@@ -79,7 +87,30 @@ fn upload_staged<T: DeviceRepr>(
             .record(&device.stream)
             .map_err(cuda_err("copying to the device"))?;
     }
+    if bytes.len() >= 1 << 30 {
+        log::debug!(
+            "GPU {}: {} bytes staged in {:?} ({waiting:?} of it waiting for the copies)",
+            device.ordinal,
+            bytes.len(),
+            started.elapsed()
+        );
+    }
     Ok(dst)
+}
+
+/// The threads that fill the staging buffers: their own pool, so that a large upload keeps
+/// going while the global pool's cores prepare the rest of the right side (a fill queued behind
+/// that work waited for all of it).
+fn fill_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).clamp(1, 8));
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("sparse-knn-stage-{i}"))
+            .build()
+            .expect("a thread pool for the staging copies")
+    })
 }
 
 /// `n` zeroed elements on the device (at least one: see [`upload`]).

@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::super::device::{cuda_err, Device};
 use super::super::kernels::MetricProgram;
 use super::super::launch::{folded_fixed_smem, folded_smem_without_map};
-use super::super::lists::{self, ListSource};
+use super::super::lists::{self, ListSource, RowsOnDevice};
 use super::super::memory::upload;
 use super::super::prepare::{
     choose_dense_columns, choose_dense_from, estimate_bytes, prepare_part, upload_part, ColumnMap,
@@ -257,6 +257,7 @@ pub(super) fn upload_layout(
     layout: &Layout,
     right: &SparseBatch,
     resident: Option<&HostPart>,
+    rows: Option<&RowsOnDevice>,
     stats: &mut GpuStats,
 ) -> Result<Uploaded> {
     let (program, columns) = (&layout.program, &layout.columns);
@@ -283,6 +284,7 @@ pub(super) fn upload_layout(
                 columns,
                 col_ids: col_ids.as_ref(),
                 tile_rows: layout.tile_rows,
+                rows,
             };
             upload_part(device, program, part, Some(&source), stats)
         })

@@ -20,11 +20,12 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::CudaSlice;
-use datafusion::common::{exec_datafusion_err, Result};
+use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
 
 use super::device::{cuda_err, Device, Lanes};
 use super::kernels::MetricProgram;
 use super::launch::DEFAULT_RADIUS_PAIRS_PER_ROW;
+use super::lists;
 use super::prepare::{
     dense_bytes_per_left_row, fast_kind, ColumnMap, ColumnProfile, DevPart, HostPart, DENSE_TILE_N,
 };
@@ -127,16 +128,46 @@ impl GpuIndex {
         let layout = Layout::of(&device, right, s, budget, options, profile);
         let laid_out = started.elapsed();
         let started = std::time::Instant::now();
-        let (exact, host_parts) = layout.prepare_with_exact(right, s);
+        let mut stats = GpuStats::default();
+        // A right side that stays whole with its lists built on the device sends its rows up
+        // while the host prepares the rest: the copy and that work take about as long.
+        let (rows_up, (exact, host_parts)) = std::thread::scope(|scope| {
+            let sending = layout.lists_on_device.then(|| {
+                let device = &device;
+                scope.spawn(move || {
+                    let mut stats = GpuStats::default();
+                    device
+                        .ctx
+                        .bind_to_thread()
+                        .map_err(cuda_err("binding the CUDA context"))?;
+                    let rows = lists::upload_rows(device, right, 0, right.len(), &mut stats)?;
+                    Ok::<_, DataFusionError>((rows, stats))
+                })
+            });
+            let prepared = layout.prepare_with_exact(right, s);
+            let sent = sending.map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+            (sent.transpose(), prepared)
+        });
+        let rows_up = rows_up?.map(|(rows, sent)| {
+            stats.bytes_to_device += sent.bytes_to_device;
+            rows
+        });
         let prepared = started.elapsed();
         let parts = host_parts.len();
         let parts_meta = host_parts
             .iter()
             .map(|p| (p.first_row, p.rows, p.ntiles))
             .collect();
-        let mut stats = GpuStats::default();
         let resident = (host_parts.len() == 1).then(|| &host_parts[0]);
-        let mut uploaded = upload_layout(&device, &layout, right, resident, &mut stats)?;
+        let mut uploaded = upload_layout(
+            &device,
+            &layout,
+            right,
+            resident,
+            rows_up.as_ref(),
+            &mut stats,
+        )?;
+        drop(rows_up);
         if host_parts.len() > 1 {
             uploaded.host_parts = Some(host_parts);
         } else {
@@ -198,7 +229,7 @@ impl GpuIndex {
                     let (part, layout) = (&part, &layout);
                     scope.spawn(move || {
                         let mut stats = GpuStats::default();
-                        let up = upload_layout(d, layout, right, Some(part), &mut stats)?;
+                        let up = upload_layout(d, layout, right, Some(part), None, &mut stats)?;
                         Ok((up, stats))
                     })
                 })
