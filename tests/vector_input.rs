@@ -405,6 +405,10 @@ fn layouts(rows: &[Option<Entries>]) -> Vec<(&'static str, ArrayRef)> {
             "Int64/Float64",
             sparse_struct::<Int64Type, Float64Type>(rows, false, |i| i as i64, |v| v as f64),
         ),
+        (
+            "Int32/Float64",
+            sparse_struct::<Int32Type, Float64Type>(rows, false, |i| i, |v| v as f64),
+        ),
         ("Map", map_of(rows)),
     ]
 }
@@ -494,6 +498,12 @@ fn nan_and_infinite_values() {
     let values = list::<Float64Type>(&[Some(vec![1e300])]);
     let msg = error(struct_of(indices, values, None).as_ref(), &check());
     assert_names(&msg, "emb", 100, &["float32"]);
+    // The first such row is named; a NULL row's stored values are not read.
+    let indices = list::<Int32Type>(&[Some(vec![0]), Some(vec![1]), Some(vec![0, 4])]);
+    let values = list::<Float64Type>(&[Some(vec![1e300]), Some(vec![2.5]), Some(vec![1.0, -1e39])]);
+    let valid = Some(vec![false, true, true]);
+    let msg = error(struct_of(indices, values, valid).as_ref(), &check());
+    assert_names(&msg, "emb", 102, &["value -1e39 at index 4", "float32"]);
 }
 
 #[test]

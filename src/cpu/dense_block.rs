@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::folded::{add_dense_hits, add_postings, classify, prefetch_next_lists, FoldedScratch};
 use super::index::CpuIndex;
+use super::self_nearest::sums_exact_in_any_order;
 use super::vectors::{multiversion, Vectors};
 use crate::join::advise_huge_pages_of;
 use crate::metric::{with_semiring, Metric, Reduction, RowTotals, Semiring};
@@ -118,6 +119,7 @@ fn dense_block_with(
         stride,
         symmetric,
         rows: 0..rows,
+        any_order: false,
     };
     index
         .kernels
@@ -131,11 +133,15 @@ fn dense_block_with(
 /// What a dense block fills: the left rows `rows` (the first at the start of `out`, rows
 /// `stride` apart), and whether the left rows are the index's own (`symmetric`: each batch from
 /// its first row on, the pairs before it left to the caller).
+/// `any_order`: the caller vouches that every sum is exact in any order (integer values, see
+/// `self_nearest`), so the dense columns may be added in the order fastest here
+/// ([`add_dense_tiles`]) rather than the probe's.
 #[derive(Debug, Clone)]
 pub(crate) struct Shape {
     pub stride: usize,
     pub symmetric: bool,
     pub rows: Range<usize>,
+    pub any_order: bool,
 }
 
 /// [`dense_block`] for the metric `S` (reached through `CpuKernels`), its arguments checked.
@@ -151,10 +157,14 @@ pub(crate) fn fill_dense_block<S: Semiring>(
         stride,
         symmetric,
         rows: span,
+        any_order,
     } = shape;
     if span.is_empty() {
         return;
     }
+    // A block of the index's own rows whose sums are exact in any order (raw counts, for the
+    // metrics named there) takes the dense columns' tiles too: its values are the same.
+    let any_order = any_order || (symmetric && sums_exact_in_any_order(S::NAME, left));
     // Batches small enough that every core gets several (the rows' costs differ).
     let threads = rayon::current_num_threads().max(1);
     let batch = batch_rows::<S>(index)
@@ -168,7 +178,7 @@ pub(crate) fn fill_dense_block<S: Semiring>(
             |ws, (c, out)| {
                 let first = span.start + c * batch;
                 let rows = first..(first + batch).min(span.end);
-                let how = (stride, symmetric);
+                let how = (stride, symmetric, any_order);
                 block_batch(vectors, s, index, left, rows, &right, ws, out, how);
             },
         );
@@ -247,6 +257,8 @@ struct BatchScratch {
     sparse: Vec<(u32, f32)>,
     sparse_at: Vec<usize>,
     row: FoldedScratch,
+    /// [`add_dense_tiles`]' tile of the dense columns, in f64.
+    tile: Vec<f64>,
 }
 
 impl BatchScratch {
@@ -266,6 +278,7 @@ impl BatchScratch {
             sparse: Vec::new(),
             sparse_at: Vec::with_capacity(batch + 1),
             row: FoldedScratch::default(),
+            tile: Vec::new(),
         }
     }
 
@@ -319,15 +332,21 @@ fn accumulate_batch<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     left: &SparseBatch,
-    (rows, from): (Range<usize>, usize),
+    (rows, from, any_order): (Range<usize>, usize, bool),
     ws: &mut BatchScratch,
 ) {
     ws.load(s, index, left, rows);
     let n = index.rows;
+    let tiles = any_order && !S::LIFTED && !S::TWO_ACCUMULATORS;
+    if tiles {
+        add_dense_tiles(s, index, ws, from);
+    }
     for b in 0..ws.count {
-        let (acc0, acc1) = row_accs::<S>(&mut ws.acc0, &mut ws.acc1, b * n, from..n);
-        let dense = &ws.dense[ws.dense_at[b]..ws.dense_at[b + 1]];
-        add_dense_hits(s, index, dense, from..n, acc0, acc1);
+        if !tiles {
+            let (acc0, acc1) = row_accs::<S>(&mut ws.acc0, &mut ws.acc1, b * n, from..n);
+            let dense = &ws.dense[ws.dense_at[b]..ws.dense_at[b + 1]];
+            add_dense_hits(s, index, dense, from..n, acc0, acc1);
+        }
         // Postings of right rows before `from` are passed over: a list's rows increase, so a
         // binary search finds where they end.
         let (acc0, acc1) = row_accs::<S>(&mut ws.acc0, &mut ws.acc1, b * n, 0..n);
@@ -342,6 +361,102 @@ fn accumulate_batch<S: Semiring>(
             add_postings(s, index, (col, x), postings, 0, acc0, acc1);
         }
     }
+}
+
+/// Right rows whose sums a tile of [`add_dense_tiles`] keeps in registers (four AVX-512
+/// registers of f64 each).
+const TILE: usize = 32;
+
+/// The dense columns' terms of every left row of the batch, written to its accumulators (which
+/// hold zeros) for the right rows from `from` on, in an order of its own: a tile of right rows
+/// at a time, its slice of every dense column widened to f64 once for the batch, then each
+/// left row's sums over the tile kept in registers across all of its dense hits and stored
+/// once (a pair c·x·y as one fused multiply-add). `add_dense_hits` streams every hit's whole
+/// column through the accumulators in memory, widening each value again for each left row.
+/// The terms are added hit after hit, where the probe adds them four at a time: the same sums
+/// only where every sum is exact in any order (`Shape::any_order`; there a fused multiply-add
+/// is exact too). Metrics with a lift or a second accumulator take `add_dense_hits`.
+#[inline(always)]
+fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, from: usize) {
+    let n = index.rows;
+    let slots = index.dense_vals.len() / n.max(1);
+    let scale = s.pair_scale();
+    ws.tile.resize(slots * TILE, 0.0);
+    let mut j0 = from;
+    while j0 < n {
+        let len = TILE.min(n - j0);
+        // (past the last row: zeros, whose pairs vanish)
+        for (slot, tile) in ws.tile.chunks_exact_mut(TILE).enumerate() {
+            let column = &index.dense_vals[slot * n + j0..slot * n + j0 + len];
+            for (t, &y) in tile.iter_mut().zip(column) {
+                *t = y as f64;
+            }
+            tile[len..].fill(0.0);
+        }
+        for b in 0..ws.count {
+            let hits = &ws.dense[ws.dense_at[b]..ws.dense_at[b + 1]];
+            if hits.is_empty() {
+                continue;
+            }
+            let sums = match scale {
+                Some(c) => tile_products(c, &ws.tile, hits),
+                None => tile_pairs(s, &ws.tile, hits),
+            };
+            let at = b * n + j0;
+            ws.acc0[at..at + len].copy_from_slice(&sums[..len]);
+        }
+        j0 += len;
+    }
+}
+
+/// Σ c·x·y over `hits` (a left row's dense hits, x) for the tile's right rows (y, `tile`
+/// slot-major).
+#[inline(always)]
+fn tile_products(c: f64, tile: &[f64], hits: &[(u32, f32)]) -> [f64; TILE] {
+    // Four registers' worth of lanes, each its own array: one array of 32 was cut into
+    // vectors of odd widths and kept partly on the stack.
+    let mut sums = [[0.0f64; LANES]; TILE / LANES];
+    for &(slot, x) in hits {
+        let cx = c * x as f64;
+        let ys = &tile[slot as usize * TILE..][..TILE];
+        for (sum, ys) in sums.iter_mut().zip(ys.chunks_exact(LANES)) {
+            for l in 0..LANES {
+                sum[l] = cx.mul_add(ys[l], sum[l]);
+            }
+        }
+    }
+    let mut out = [0.0f64; TILE];
+    for (out, sum) in out.chunks_exact_mut(LANES).zip(&sums) {
+        out.copy_from_slice(sum);
+    }
+    out
+}
+
+/// f64 lanes of an AVX-512 register.
+const LANES: usize = 8;
+
+/// [`tile_products`] for any one-accumulator pair without a lift.
+#[inline(always)]
+fn tile_pairs<S: Semiring>(s: &S, tile: &[f64], hits: &[(u32, f32)]) -> [f64; TILE] {
+    let prm = s.params();
+    let mut sums = [0.0f64; TILE];
+    for &(slot, x) in hits {
+        let x = x as f64;
+        let ys: &[f64; TILE] = tile[slot as usize * TILE..][..TILE]
+            .try_into()
+            .expect("a slot of the tile");
+        for t in 0..TILE {
+            let y = ys[t];
+            let pair = S::pair0(x, y, 0.0, 0.0, &prm);
+            // (a select, not a branch: the tile's loop vectorises)
+            sums[t] += if S::PAIR_VANISHES || y != 0.0 {
+                pair
+            } else {
+                0.0
+            };
+        }
+    }
+    sums
 }
 
 /// Left row b's accumulators of the right rows `j`, from the batch's arrays (`at` = b × n).
@@ -372,7 +487,7 @@ multiversion! {
         right: &RightRows,
         ws: &mut BatchScratch,
         out: &mut [f64],
-        how: (usize, bool),
+        how: (usize, bool, bool),
     ) => block_batch_impl;
 }
 
@@ -386,11 +501,11 @@ fn block_batch_impl<S: Semiring>(
     right: &RightRows,
     ws: &mut BatchScratch,
     out: &mut [f64],
-    (stride, symmetric): (usize, bool),
+    (stride, symmetric, any_order): (usize, bool, bool),
 ) {
     // A symmetric block's batch needs the right rows from its own first row on.
     let from = if symmetric { rows.start } else { 0 };
-    accumulate_batch(s, index, left, (rows, from), ws);
+    accumulate_batch(s, index, left, (rows, from, any_order), ws);
     let n = index.rows;
     let (t0, t1) = (&right.t0[from..n], &right.t1[from..n]);
     let m = n - from;
@@ -590,6 +705,37 @@ mod tests {
             err.to_string().contains("own rows: 9 rows against 290"),
             "{err}"
         );
+    }
+
+    /// On counts (in the thousands; each sum exact in any order) the symmetric block takes the
+    /// dense columns in tiles of its own order and still holds the plain block's values bit for
+    /// bit, whole tiles and cut ones, for the metrics whose sums are exact there.
+    #[test]
+    fn symmetric_block_of_counts_is_the_plain_block_bit_for_bit() {
+        let mut rng = StdRng::seed_from_u64(13);
+        let fractions = batch(&mut rng, 301, 30);
+        let rows: Vec<Option<Vec<(i32, f32)>>> = (0..fractions.len())
+            .map(|r| {
+                let (idx, val) = fractions.row(r);
+                let row = idx.iter().zip(val);
+                let row = row.map(|(&c, &v)| (c, (v * 997.0).ceil())).collect();
+                (!fractions.is_null(r)).then_some(row)
+            })
+            .collect();
+        let counts = SparseBatch::from_rows(rows.iter().map(|r| r.as_deref()));
+        let n = counts.len();
+        for name in ["cosine", "euclidean", "sqeuclidean", "manhattan"] {
+            let metric = Metric::new(name, None, None).unwrap();
+            assert!(sums_exact_in_any_order(name, &counts));
+            let index = CpuIndex::build(&counts, &metric);
+            assert!(!index.dense_vals.is_empty(), "dense columns in the index");
+            let mut plain = vec![0.0; n * n];
+            dense_block(&index, &counts, &mut plain, n).unwrap();
+            let mut sym = vec![0.0; n * n];
+            dense_block_symmetric(&index, &counts, &mut sym, n).unwrap();
+            let bits = |v: &[f64]| v.iter().map(|d| d.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&sym), bits(&plain), "{name}");
+        }
     }
 
     #[test]

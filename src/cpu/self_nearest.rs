@@ -28,7 +28,7 @@ use super::dense_block::Shape;
 use super::index::CpuIndex;
 use super::vectors::Vectors;
 use crate::join::TopK;
-use crate::metric::{Metric, MetricKind};
+use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
 /// Bytes of distances of one strip (f64, strip rows × all rows).
@@ -45,14 +45,14 @@ fn strip_rows(n: usize) -> usize {
 /// Whether [`self_nearest`] answers `metric` for `rows`: a metric named in the module docs and
 /// rows of integers whose Σx² are at most 2^50 (NULL rows pass).
 pub fn self_nearest_is_exact(metric: &Metric, rows: &SparseBatch) -> bool {
-    let exact_metric = matches!(
-        metric.kind,
-        MetricKind::Cosine
-            | MetricKind::Euclidean
-            | MetricKind::SqEuclidean
-            | MetricKind::Manhattan
-    );
-    exact_metric
+    sums_exact_in_any_order(metric.name(), rows)
+}
+
+/// Whether the folded sums of the metric named `metric` over `rows` are exact in any order: it
+/// is cosine, euclidean, sqeuclidean or manhattan, and every row of `rows` is integers with Σx²
+/// at most 2^50 (NULL rows pass; see the module docs).
+pub(crate) fn sums_exact_in_any_order(metric: &str, rows: &SparseBatch) -> bool {
+    matches!(metric, "cosine" | "euclidean" | "sqeuclidean" | "manhattan")
         && (0..rows.len()).into_par_iter().all(|r| {
             let (_, values) = rows.row(r);
             let mut squares = 0.0f64;
@@ -131,6 +131,8 @@ fn self_nearest_in_strips(
             stride: n,
             symmetric: true,
             rows: span.clone(),
+            // (every sum is exact: checked above)
+            any_order: true,
         };
         index
             .kernels
@@ -252,15 +254,21 @@ mod tests {
     }
 
     /// On counts the strips give the probe's answer bit for bit (ties, NULL rows, an empty
-    /// row, duplicates), for one strip and for several of uneven length, and k past the rows.
+    /// row, duplicates), for one strip and for several of uneven length, and k past the rows;
+    /// small counts and counts in the thousands, with dense columns in the index (their tiles,
+    /// whole and cut, in an order of their own).
     #[test]
     fn self_nearest_is_the_probe_bit_for_bit_on_counts() {
         let mut rng = StdRng::seed_from_u64(5);
-        let rows = counts(&mut rng, 300, 1.0);
-        let n = rows.len();
-        for name in ["cosine", "euclidean", "sqeuclidean", "manhattan"] {
+        for (scale, name) in [1.0, 997.0]
+            .into_iter()
+            .flat_map(|s| ["cosine", "euclidean", "sqeuclidean", "manhattan"].map(|m| (s, m)))
+        {
+            let rows = counts(&mut rng, 300, scale);
+            let n = rows.len();
             let metric = Metric::new(name, None, None).unwrap();
             let index = CpuIndex::build(&rows, &metric);
+            assert!(!index.dense_vals.is_empty(), "dense columns in the index");
             for k in [1, 5, 15, 299] {
                 let want = probed(&index, &rows, k);
                 for strip in [n, 64, 37, 1] {

@@ -99,32 +99,12 @@ impl MetricProgram {
 }
 
 /// Whether `s` takes the tensor-core product (see [`MetricProgram::bilinear`]): its key is the
-/// sum itself or a quotient of it, and its pair term c·x·y for one constant c, checked on values of both signs and several magnitudes, where the products are
-/// exact in f64, so a term that is not bilinear (|x|·y, x·y², a select on a sign) shows.
+/// sum itself or a quotient of it, and its pair term c·x·y ([`Semiring::pair_scale`]).
 fn is_bilinear<S: Semiring>(s: &S) -> bool {
-    if S::REDUCTION != Reduction::Sum
-        || S::TWO_ACCUMULATORS
-        || S::LIFTED
-        || s.has_exact_term()
-        || !matches!(S::KEY, KeyForm::Negated | KeyForm::Quotient)
-    {
-        return false;
-    }
-    let prm = s.params();
-    let c = S::pair0(1.0, 1.0, 0.0, 0.0, &prm);
-    let points = [
-        (2.0, 3.0),
-        (-1.5, 4.0),
-        (0.25, -8.0),
-        (-3.0, -5.0),
-        (1024.0, 7.0),
-        (0.5, 0.5),
-    ];
-    c.is_finite()
-        && c != 0.0
-        && points
-            .iter()
-            .all(|&(x, y)| S::pair0(x, y, 0.0, 0.0, &prm) == c * x * y)
+    S::REDUCTION == Reduction::Sum
+        && !s.has_exact_term()
+        && matches!(S::KEY, KeyForm::Negated | KeyForm::Quotient)
+        && s.pair_scale().is_some()
 }
 
 /// `finish(0, 0, l, r)` when it is the same for every pair of totals (the metric's totals of

@@ -14,6 +14,7 @@ mod file;
 mod table;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::RecordBatch;
@@ -68,6 +69,8 @@ pub struct IndexSource {
     /// The index file it was opened from (its rows and indexes are read on first use).
     file: Option<IndexFile>,
     batches: OnceLock<Vec<RecordBatch>>,
+    /// Every stored row passed the checks (they run once).
+    checked: AtomicBool,
     /// The CPU indexes as their shards, kept for saving (built or read from the file).
     cpu: Mutex<Vec<(Metric, CpuShards)>>,
     held: Mutex<Vec<Held>>,
@@ -185,10 +188,22 @@ impl IndexSource {
     /// The stored vectors, in pieces of at most `max_chunk_nnz()` entries, checked.
     fn pieces(&self) -> Result<Vec<SparseBatch>> {
         let (pieces, checks) = self.unchecked_pieces()?;
-        let started = std::time::Instant::now();
-        checks.run(&pieces)?;
-        log::debug!("{}: rows checked in {:?}", self.what(), started.elapsed());
+        self.run_checks(&pieces, checks)?;
         Ok(pieces)
+    }
+
+    /// The rows' checks, once: the rows never change, and a fit's checks ran three times (at
+    /// the conversion, when the source was made, and again for its first index).
+    fn run_checks(&self, pieces: &[SparseBatch], checks: PendingChecks) -> Result<()> {
+        use std::sync::atomic::Ordering;
+        if self.checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        checks.run(pieces)?;
+        self.checked.store(true, Ordering::Release);
+        log::debug!("{}: rows checked in {:?}", self.what(), started.elapsed());
+        Ok(())
     }
 
     /// `build` of the stored vectors, run beside their checks: a GPU build only reads the rows
@@ -201,12 +216,7 @@ impl IndexSource {
     ) -> Result<T> {
         let (pieces, checks) = self.unchecked_pieces()?;
         let (checked, built) = rayon::join(
-            || {
-                let started = std::time::Instant::now();
-                let checked = checks.run(&pieces);
-                log::debug!("{}: rows checked in {:?}", self.what(), started.elapsed());
-                checked
-            },
+            || self.run_checks(&pieces, checks),
             || build(pieces.clone()),
         );
         checked?;
@@ -440,6 +450,7 @@ impl SparseIndex {
             served,
             file: None,
             batches: OnceLock::new(),
+            checked: AtomicBool::new(false),
             cpu: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
         });
@@ -646,6 +657,7 @@ impl IndexSource {
             served,
             file: Some(file),
             batches: OnceLock::new(),
+            checked: AtomicBool::new(false),
             cpu: Mutex::new(Vec::new()),
             held: Mutex::new(Vec::new()),
         })
@@ -712,6 +724,7 @@ mod tests {
                 served: vec![Metric::new("cosine", None, None).unwrap()],
                 file: None,
                 batches: OnceLock::from(vec![batch]),
+                checked: AtomicBool::new(false),
                 cpu: Mutex::new(Vec::new()),
                 held: Mutex::new(Vec::new()),
             }

@@ -238,6 +238,32 @@ pub trait Semiring: Copy + Send + Sync + std::fmt::Debug + 'static {
     fn has_exact_term(&self) -> bool {
         Self::SOURCE.exact_term.is_some()
     }
+
+    /// `c` where the pair term is `c·x·y` for one constant c (one accumulator, no lift),
+    /// checked on values of both signs and several magnitudes where the products are exact in
+    /// f64, so a term that is not bilinear (|x|·y, x·y², a select on a sign) shows; None
+    /// otherwise.
+    fn pair_scale(&self) -> Option<f64> {
+        if Self::TWO_ACCUMULATORS || Self::LIFTED {
+            return None;
+        }
+        let prm = self.params();
+        let c = Self::pair0(1.0, 1.0, 0.0, 0.0, &prm);
+        let points = [
+            (2.0, 3.0),
+            (-1.5, 4.0),
+            (0.25, -8.0),
+            (-3.0, -5.0),
+            (1024.0, 7.0),
+            (0.5, 0.5),
+        ];
+        let bilinear = c.is_finite()
+            && c != 0.0
+            && points
+                .iter()
+                .all(|&(x, y)| Self::pair0(x, y, 0.0, 0.0, &prm) == c * x * y);
+        bilinear.then_some(c)
+    }
 }
 
 /// Whether a formula text is the literal zero (so a term can be left out).

@@ -269,20 +269,31 @@ fn from_struct(array: &StructArray, check: &VectorCheck) -> Result<SparseBatch> 
         .column_by_name(VALUES)
         .expect("checked by is_sparse_vector_type");
 
-    // The canonical layout is taken as it is: the list offsets become the row pointer.
+    // The canonical layout is taken as it is: the list offsets become the row pointer. Float64
+    // values (numpy's and pandas' default) beside Int32 indices too, the values narrowed in one
+    // pass on every core (entry by entry through the general path below, a fit of the PBMC cut
+    // spent a fifth of its time converting).
     if let (DataType::List(fi), DataType::List(fv)) = (indices.data_type(), values.data_type()) {
-        if fi.data_type() == &DataType::Int32 && fv.data_type() == &DataType::Float32 {
+        let float = matches!(fv.data_type(), DataType::Float32 | DataType::Float64);
+        if fi.data_type() == &DataType::Int32 && float {
             let il = indices.as_list::<i32>();
             let vl = values.as_list::<i32>();
             let ic = il.values().as_primitive::<Int32Type>();
-            let vc = vl.values().as_primitive::<Float32Type>();
-            if il.offsets() == vl.offsets() && ic.null_count() == 0 && vc.null_count() == 0 {
+            if il.offsets() == vl.offsets() && ic.null_count() == 0 && vl.values().null_count() == 0
+            {
                 reject_null_lists(array.nulls(), il.nulls(), vl.nulls(), check)?;
                 reject_negative_indices(array, il.offsets(), ic.values(), check)?;
+                let values = match vl.values().as_primitive_opt::<Float32Type>() {
+                    Some(vc) => vc.values().clone(),
+                    None => {
+                        let vc = vl.values().as_primitive::<Float64Type>().values();
+                        narrow_values(array, il.offsets(), ic.values(), vc, check)?
+                    }
+                };
                 return Ok(SparseBatch::from_parts(
                     il.offsets().inner().clone(),
                     ic.values().clone(),
-                    vc.values().clone(),
+                    values,
                     array.nulls().cloned(),
                 ));
             }
@@ -323,6 +334,42 @@ fn reject_negative_indices(
         }
     }
     Ok(())
+}
+
+/// Float64 values as float32, position for position; a finite value past float32's range in a
+/// non-NULL row is an error (as the general path reports it), NaN and infinities pass to the
+/// checks.
+fn narrow_values(
+    array: &StructArray,
+    offsets: &arrow::buffer::OffsetBuffer<i32>,
+    indices: &[i32],
+    values: &[f64],
+    check: &VectorCheck,
+) -> Result<ScalarBuffer<f32>> {
+    use rayon::prelude::*;
+    let too_large = |v: f64| v.is_finite() && !(v as f32).is_finite();
+    let narrowed: Vec<f32> = values
+        .par_iter()
+        .with_min_len(1 << 16)
+        .map(|&v| v as f32)
+        .collect();
+    let any_too_large = values
+        .par_chunks(1 << 16)
+        .any(|block| block.iter().fold(false, |any, &v| any | too_large(v)));
+    if any_too_large {
+        for row in (0..array.len()).filter(|&r| !array.is_null(r)) {
+            let (s, e) = (offsets[row] as usize, offsets[row + 1] as usize);
+            if let Some(k) = (s..e).find(|&k| too_large(values[k])) {
+                return exec_err!(
+                    "{}: value {:e} at index {} does not fit in float32",
+                    check.row_label(row),
+                    values[k],
+                    indices[k]
+                );
+            }
+        }
+    }
+    Ok(narrowed.into())
 }
 
 /// A NULL `indices` or `values` list inside a non-NULL vector is neither the NULL vector (that is
