@@ -380,7 +380,7 @@ const TILE: usize = 32;
 fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, from: usize) {
     let n = index.rows;
     let slots = index.dense_vals.len() / n.max(1);
-    let scale = s.pair_scale();
+    let (scale, prm) = (s.pair_scale(), s.params());
     ws.tile.resize(slots * TILE, 0.0);
     let mut j0 = from;
     while j0 < n {
@@ -399,8 +399,12 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
                 continue;
             }
             let sums = match scale {
-                Some(c) => tile_products(c, &ws.tile, hits),
-                None => tile_pairs(s, &ws.tile, hits),
+                Some(c) => tile_sums(&ws.tile, hits, |x, y, sum| (c * x).mul_add(y, sum)),
+                None => tile_sums(&ws.tile, hits, |x, y, sum| {
+                    // (a select, not a branch: the tile's loop vectorises)
+                    let keep = S::PAIR_VANISHES || y != 0.0;
+                    sum + if keep { S::pair0(x, y, 0.0, 0.0, &prm) } else { 0.0 }
+                }),
             };
             let at = b * n + j0;
             ws.acc0[at..at + len].copy_from_slice(&sums[..len]);
@@ -409,19 +413,23 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
     }
 }
 
-/// Σ c·x·y over `hits` (a left row's dense hits, x) for the tile's right rows (y, `tile`
-/// slot-major).
+/// Each tile row's sum over `hits` (a left row's dense hits, x) of the pairs with its value y
+/// (`tile`, slot-major), `add(x, y, sum)` adding one.
 #[inline(always)]
-fn tile_products(c: f64, tile: &[f64], hits: &[(u32, f32)]) -> [f64; TILE] {
+fn tile_sums(
+    tile: &[f64],
+    hits: &[(u32, f32)],
+    add: impl Fn(f64, f64, f64) -> f64,
+) -> [f64; TILE] {
     // Four registers' worth of lanes, each its own array: one array of 32 was cut into
     // vectors of odd widths and kept partly on the stack.
     let mut sums = [[0.0f64; LANES]; TILE / LANES];
     for &(slot, x) in hits {
-        let cx = c * x as f64;
+        let x = x as f64;
         let ys = &tile[slot as usize * TILE..][..TILE];
         for (sum, ys) in sums.iter_mut().zip(ys.chunks_exact(LANES)) {
             for l in 0..LANES {
-                sum[l] = cx.mul_add(ys[l], sum[l]);
+                sum[l] = add(x, ys[l], sum[l]);
             }
         }
     }
@@ -434,30 +442,6 @@ fn tile_products(c: f64, tile: &[f64], hits: &[(u32, f32)]) -> [f64; TILE] {
 
 /// f64 lanes of an AVX-512 register.
 const LANES: usize = 8;
-
-/// [`tile_products`] for any one-accumulator pair without a lift.
-#[inline(always)]
-fn tile_pairs<S: Semiring>(s: &S, tile: &[f64], hits: &[(u32, f32)]) -> [f64; TILE] {
-    let prm = s.params();
-    let mut sums = [0.0f64; TILE];
-    for &(slot, x) in hits {
-        let x = x as f64;
-        let ys: &[f64; TILE] = tile[slot as usize * TILE..][..TILE]
-            .try_into()
-            .expect("a slot of the tile");
-        for t in 0..TILE {
-            let y = ys[t];
-            let pair = S::pair0(x, y, 0.0, 0.0, &prm);
-            // (a select, not a branch: the tile's loop vectorises)
-            sums[t] += if S::PAIR_VANISHES || y != 0.0 {
-                pair
-            } else {
-                0.0
-            };
-        }
-    }
-    sums
-}
 
 /// Left row b's accumulators of the right rows `j`, from the batch's arrays (`at` = b × n).
 #[inline(always)]
