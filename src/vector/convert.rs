@@ -348,14 +348,20 @@ fn narrow_values(
 ) -> Result<ScalarBuffer<f32>> {
     use rayon::prelude::*;
     let too_large = |v: f64| v.is_finite() && !(v as f32).is_finite();
-    let narrowed: Vec<f32> = values
-        .par_iter()
-        .with_min_len(1 << 16)
-        .map(|&v| v as f32)
-        .collect();
-    let any_too_large = values
-        .par_chunks(1 << 16)
-        .any(|block| block.iter().fold(false, |any, &v| any | too_large(v)));
+    // Narrowed and checked in the same pass over the values.
+    let mut narrowed = vec![0f32; values.len()];
+    let any_too_large = narrowed
+        .par_chunks_mut(1 << 16)
+        .zip(values.par_chunks(1 << 16))
+        .map(|(out, block)| {
+            let mut any = false;
+            for (o, &v) in out.iter_mut().zip(block) {
+                *o = v as f32;
+                any |= v.is_finite() && !o.is_finite();
+            }
+            any
+        })
+        .reduce(|| false, |a, b| a | b);
     if any_too_large {
         for row in (0..array.len()).filter(|&r| !array.is_null(r)) {
             let (s, e) = (offsets[row] as usize, offsets[row + 1] as usize);
