@@ -403,7 +403,11 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
                 None => tile_sums(&ws.tile, hits, |x, y, sum| {
                     // (a select, not a branch: the tile's loop vectorises)
                     let keep = S::PAIR_VANISHES || y != 0.0;
-                    sum + if keep { S::pair0(x, y, 0.0, 0.0, &prm) } else { 0.0 }
+                    sum + if keep {
+                        S::pair0(x, y, 0.0, 0.0, &prm)
+                    } else {
+                        0.0
+                    }
                 }),
             };
             let at = b * n + j0;
@@ -416,11 +420,7 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
 /// Each tile row's sum over `hits` (a left row's dense hits, x) of the pairs with its value y
 /// (`tile`, slot-major), `add(x, y, sum)` adding one.
 #[inline(always)]
-fn tile_sums(
-    tile: &[f64],
-    hits: &[(u32, f32)],
-    add: impl Fn(f64, f64, f64) -> f64,
-) -> [f64; TILE] {
+fn tile_sums(tile: &[f64], hits: &[(u32, f32)], add: impl Fn(f64, f64, f64) -> f64) -> [f64; TILE] {
     // Four registers' worth of lanes, each its own array: one array of 32 was cut into
     // vectors of odd widths and kept partly on the stack.
     let mut sums = [[0.0f64; LANES]; TILE / LANES];
