@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use super::folded::{add_dense_hits, add_postings, classify, prefetch_next_lists, FoldedScratch};
 use super::index::CpuIndex;
+use super::int_tiles::{self, IntTiles, LeftPairs};
 use super::self_nearest::sums_exact_in_any_order;
 use super::vectors::{multiversion, Vectors};
 use crate::join::advise_huge_pages_of;
@@ -171,6 +172,12 @@ pub(crate) fn fill_dense_block<S: Semiring>(
         .min(span.len().div_ceil(4 * threads))
         .max(1);
     let right = RightRows::new(index);
+    // Raw counts take 16-bit tiles where the CPU multiplies them (derived once, before the
+    // batches wait on it).
+    let bilinear = !S::LIFTED && !S::TWO_ACCUMULATORS && s.pair_scale().is_some();
+    let ints = (any_order && bilinear && int_tiles::available())
+        .then(|| index.int_tiles())
+        .flatten();
     out.par_chunks_mut(batch * stride)
         .enumerate()
         .for_each_init(
@@ -179,7 +186,7 @@ pub(crate) fn fill_dense_block<S: Semiring>(
                 let first = span.start + c * batch;
                 let rows = first..(first + batch).min(span.end);
                 let how = (stride, symmetric, any_order);
-                block_batch(vectors, s, index, left, rows, &right, ws, out, how);
+                block_batch(vectors, s, index, left, rows, &right, ints, ws, out, how);
             },
         );
 }
@@ -259,6 +266,8 @@ struct BatchScratch {
     row: FoldedScratch,
     /// [`add_dense_tiles`]' tile of the dense columns, in f64.
     tile: Vec<f64>,
+    /// The dense hits as pairs of 16-bit values, for [`add_int_tiles`].
+    pairs: LeftPairs,
 }
 
 impl BatchScratch {
@@ -279,7 +288,17 @@ impl BatchScratch {
             sparse_at: Vec::with_capacity(batch + 1),
             row: FoldedScratch::default(),
             tile: Vec::new(),
+            pairs: LeftPairs::default(),
         }
+    }
+
+    /// The loaded rows' dense hits as pairs of 16-bit values; false where one does not fit
+    /// (see `int_tiles`).
+    fn load_pairs(&mut self, index: &CpuIndex) -> bool {
+        let slots = index.dense_vals.len() / index.rows.max(1);
+        let (dense, at) = (&self.dense, &self.dense_at);
+        let rows = (0..self.count).map(|b| &dense[at[b]..at[b + 1]]);
+        self.pairs.load(slots, rows)
     }
 
     /// The left rows `rows` classified, their accumulators zeroed.
@@ -333,13 +352,20 @@ fn accumulate_batch<S: Semiring>(
     index: &CpuIndex,
     left: &SparseBatch,
     (rows, from, any_order): (Range<usize>, usize, bool),
+    ints: Option<&IntTiles>,
     ws: &mut BatchScratch,
 ) {
     ws.load(s, index, left, rows);
     let n = index.rows;
     let tiles = any_order && !S::LIFTED && !S::TWO_ACCUMULATORS;
     if tiles {
-        add_dense_tiles(s, index, ws, from);
+        let scale = s.pair_scale();
+        match (ints, scale) {
+            (Some(ints), Some(scale)) if ws.load_pairs(index) => {
+                add_int_tiles(index, ints, ws, from, scale)
+            }
+            _ => add_dense_tiles(s, index, ws, from),
+        }
     }
     for b in 0..ws.count {
         if !tiles {
@@ -417,6 +443,33 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
     }
 }
 
+/// [`add_dense_tiles`] from the index's 16-bit tiles (`int_tiles`) and the batch's pairs
+/// of hits (`BatchScratch::load_pairs`): the same exact sums, times the metric's `scale`.
+#[inline(always)]
+fn add_int_tiles(
+    index: &CpuIndex,
+    ints: &IntTiles,
+    ws: &mut BatchScratch,
+    from: usize,
+    scale: f64,
+) {
+    let n = index.rows;
+    for t in from / int_tiles::ROWS..n.div_ceil(int_tiles::ROWS) {
+        let j0 = t * int_tiles::ROWS;
+        let rows = from.max(j0)..n.min(j0 + int_tiles::ROWS);
+        for b in 0..ws.count {
+            let pairs = &ws.pairs.pairs[ws.pairs.at[b]..ws.pairs.at[b + 1]];
+            if pairs.is_empty() {
+                continue;
+            }
+            let sums = int_tiles::tile_sums(ints, t, pairs, scale);
+            let at = b * n;
+            ws.acc0[at + rows.start..at + rows.end]
+                .copy_from_slice(&sums[rows.start - j0..rows.end - j0]);
+        }
+    }
+}
+
 /// Each tile row's sum over `hits` (a left row's dense hits, x) of the pairs with its value y
 /// (`tile`, slot-major), `add(x, y, sum)` adding one.
 #[inline(always)]
@@ -469,6 +522,7 @@ multiversion! {
         left: &SparseBatch,
         rows: Range<usize>,
         right: &RightRows,
+        ints: Option<&IntTiles>,
         ws: &mut BatchScratch,
         out: &mut [f64],
         how: (usize, bool, bool),
@@ -483,13 +537,14 @@ fn block_batch_impl<S: Semiring>(
     left: &SparseBatch,
     rows: Range<usize>,
     right: &RightRows,
+    ints: Option<&IntTiles>,
     ws: &mut BatchScratch,
     out: &mut [f64],
     (stride, symmetric, any_order): (usize, bool, bool),
 ) {
     // A symmetric block's batch needs the right rows from its own first row on.
     let from = if symmetric { rows.start } else { 0 };
-    accumulate_batch(s, index, left, (rows, from, any_order), ws);
+    accumulate_batch(s, index, left, (rows, from, any_order), ints, ws);
     let n = index.rows;
     let (t0, t1) = (&right.t0[from..n], &right.t1[from..n]);
     let m = n - from;

@@ -8,11 +8,13 @@
 //! work goes on such data.
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 use arrow::buffer::ScalarBuffer;
 use rayon::prelude::*;
 
 use super::dense_codes::DenseCodes;
+use super::int_tiles::IntTiles;
 use super::minkowski::{filter_powers, minkowski_degree};
 use super::union::UnionRows;
 use super::vectors::Vectors;
@@ -156,6 +158,32 @@ pub struct CpuIndex {
     pub(crate) union_sum: bool,
     /// The most nonzeros of one right row (bounds the rounding error of `certified`).
     pub(crate) max_row_len: usize,
+    /// The dense columns as 16-bit integers, derived on the first dense block that takes them
+    /// (`int_tiles`; None where they do not fit).
+    pub(crate) int_tiles: OnceLock<Option<IntTiles>>,
+}
+
+/// The arrays `build_columns`' chunks write, each chunk its own places.
+struct Filled(*mut u32, *mut f32, *mut f32);
+// SAFETY: the chunks write disjoint places of arrays that outlive them (see `build_columns`).
+unsafe impl Send for Filled {}
+unsafe impl Sync for Filled {}
+
+impl Filled {
+    /// # Safety
+    /// `at` is within the postings, and no other thread writes it.
+    unsafe fn posting(&self, at: usize, row: u32, value: f32) {
+        unsafe {
+            *self.0.add(at) = row;
+            *self.1.add(at) = value;
+        }
+    }
+
+    /// # Safety
+    /// `at` is within the dense values, and no other thread writes it.
+    unsafe fn dense(&self, at: usize, value: f32) {
+        unsafe { *self.2.add(at) = value };
+    }
 }
 
 impl CpuIndex {
@@ -231,6 +259,7 @@ impl CpuIndex {
             dense_codes: DenseCodes::default(),
             union_sum: !max_reduction && s.has_exact_term(),
             max_row_len: right.max_row_len(),
+            int_tiles: OnceLock::new(),
         };
         // A max's dense pass is a subtraction and a max per row, as cheap as cosine's.
         let dense_ratio = if max_reduction || (S::PAIR_VANISHES && !S::LIFTED) {
@@ -275,63 +304,102 @@ impl CpuIndex {
         index
     }
 
+    /// The posting lists and dense columns, from chunks of rows on all cores: each chunk counts
+    /// its nonzeros per column, then writes them where the earlier chunks' end (a list's rows
+    /// still increase). On one core the PBMC cells' build was most of `fit`.
     fn build_columns(&mut self, right: &SparseBatch, dense_ratio: usize) {
-        let mut counts = vec![0usize; self.column_count + 1];
-        for r in 0..self.rows {
+        let (rows, columns) = (self.rows, self.column_count);
+        // (a count per column per chunk: few chunks where the columns outnumber the nonzeros)
+        let chunks = rayon::current_num_threads()
+            .min(rows / 512 + 1)
+            .min(right.values().len() / columns.max(1) + 1)
+            .max(1);
+        let bounds: Vec<_> = (0..chunks)
+            .map(|k| k * rows / chunks..(k + 1) * rows / chunks)
+            .collect();
+        let map = &self.columns;
+        let column_of = |c: i32| map.get(c).expect("column of the build side") as usize;
+        let nonzeros = |r: usize| {
             let (idx, val) = right.row(r);
-            for (&c, &v) in idx.iter().zip(val) {
-                if v != 0.0 {
-                    counts[self.columns.get(c).expect("column of the build side") as usize + 1] +=
-                        1;
+            idx.iter().zip(val).filter(|(_, &v)| v != 0.0)
+        };
+        let mut fill: Vec<Vec<usize>> = bounds
+            .par_iter()
+            .map(|range| {
+                let mut counts = vec![0usize; columns];
+                for (&c, _) in range.clone().flat_map(nonzeros) {
+                    counts[column_of(c)] += 1;
                 }
-            }
-        }
-        let dense_from = if self.rows >= DENSE_MIN_ROWS {
-            self.rows.div_ceil(dense_ratio)
+                counts
+            })
+            .collect();
+        let dense_from = if rows >= DENSE_MIN_ROWS {
+            rows.div_ceil(dense_ratio)
         } else {
             usize::MAX
         };
+        let mut col_ptr = vec![0usize; columns + 1];
         let mut dense = 0u32;
-        self.dense_slot = counts[1..]
-            .iter_mut()
-            .map(|count| {
-                if *count >= dense_from {
-                    *count = 0;
+        self.dense_slot = (0..columns)
+            .map(|col| {
+                let count = fill.iter().map(|counts| counts[col]).sum::<usize>();
+                if count >= dense_from {
                     dense += 1;
                     dense - 1
                 } else {
+                    col_ptr[col + 1] = count;
                     SPARSE
                 }
             })
             .collect();
-        for c in 0..self.column_count {
-            counts[c + 1] += counts[c];
-        }
-        let postings = counts[self.column_count];
-        let mut fill = counts.clone();
-        let mut col_rows = vec![0u32; postings];
-        let mut col_vals = vec![0f32; postings];
-        self.dense_vals = vec![0.0; dense as usize * self.rows];
-        for r in 0..self.rows {
-            let (idx, val) = right.row(r);
-            for (&c, &v) in idx.iter().zip(val) {
-                if v != 0.0 {
-                    let col = self.columns.get(c).unwrap() as usize;
-                    match self.dense_slot[col] {
-                        SPARSE => {
-                            let slot = &mut fill[col];
-                            col_rows[*slot] = r as u32;
-                            col_vals[*slot] = v;
-                            *slot += 1;
-                        }
-                        slot => self.dense_vals[slot as usize * self.rows + r] = v,
-                    }
-                }
+        for col in 0..columns {
+            col_ptr[col + 1] += col_ptr[col];
+            // Each chunk's first posting of the list: after the earlier chunks' ones.
+            let mut at = col_ptr[col];
+            for counts in fill.iter_mut() {
+                at += std::mem::replace(&mut counts[col], at);
             }
         }
-        self.col_ptr = counts;
+        let postings = col_ptr[columns];
+        let mut col_rows = vec![0u32; postings];
+        let mut col_vals = vec![0f32; postings];
+        let mut dense_vals = vec![0f32; dense as usize * rows];
+        let out = Filled(
+            col_rows.as_mut_ptr(),
+            col_vals.as_mut_ptr(),
+            dense_vals.as_mut_ptr(),
+        );
+        let dense_slot = &self.dense_slot;
+        bounds
+            .into_par_iter()
+            .zip(&mut fill)
+            .for_each(|(range, fill)| {
+                for r in range {
+                    for (&c, &v) in nonzeros(r) {
+                        let col = column_of(c);
+                        match dense_slot[col] {
+                            SPARSE => {
+                                let at = fill[col];
+                                fill[col] += 1;
+                                assert!(at < col_ptr[col + 1]);
+                                // SAFETY: `at` is in this chunk's part of the list (its count,
+                                // above), which no other chunk writes.
+                                unsafe { out.posting(at, r as u32, v) };
+                            }
+                            slot => {
+                                let at = slot as usize * rows + r;
+                                assert!(at < dense as usize * rows);
+                                // SAFETY: row r is this chunk's alone.
+                                unsafe { out.dense(at, v) };
+                            }
+                        }
+                    }
+                }
+            });
+        self.col_ptr = col_ptr;
         self.col_rows = col_rows.into();
         self.col_vals = col_vals.into();
+        self.dense_vals = dense_vals;
     }
 
     /// `coded`, `coded_vals`, `col_codes`: the posting lists of few distinct values. Each list's
@@ -435,6 +503,14 @@ impl CpuIndex {
         self.rows
     }
 
+    /// The dense columns as 16-bit integers ([`IntTiles`]), derived once; None where they are
+    /// not all such integers.
+    pub(crate) fn int_tiles(&self) -> Option<&IntTiles> {
+        self.int_tiles
+            .get_or_init(|| IntTiles::derive(self))
+            .as_ref()
+    }
+
     /// Columns stored dense (for diagnostics and benchmarks).
     pub fn dense_columns(&self) -> usize {
         self.dense_vals.len().checked_div(self.rows).unwrap_or(0)
@@ -464,6 +540,11 @@ impl CpuIndex {
                 + self.union_rows.len() * 3)
                 * 4
             + self.dense_codes.memory_size()
+            + self
+                .int_tiles
+                .get()
+                .and_then(Option::as_ref)
+                .map_or(0, IntTiles::memory_size)
             + match &self.columns {
                 ColumnMap::Direct(_) => 0,
                 ColumnMap::Hashed(m) => m.len() * 16,

@@ -7,6 +7,7 @@ mod dense_block;
 mod dense_codes;
 mod folded;
 mod index;
+mod int_tiles;
 mod js_filter;
 mod minkowski;
 mod persist;

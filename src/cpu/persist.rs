@@ -305,6 +305,7 @@ impl CpuIndex {
             dense_codes: DenseCodes::default(),
             union_sum: !max_reduction && s.has_exact_term(),
             max_row_len,
+            int_tiles: std::sync::OnceLock::new(),
         };
         index.check_consistent()?;
         index.dense_codes = DenseCodes::derive(s, &index);

@@ -570,3 +570,35 @@ fn certified_answers_are_the_union_distances_bit_for_bit() {
         }
     }
 }
+
+/// An index built by several chunks of rows on several threads holds the same lists, in the
+/// same order, and the same dense columns as one built on one thread (NULL rows among them).
+#[test]
+fn an_index_built_on_many_threads_is_the_one_built_on_one() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let mut rows = rows(&mut rng, 2100, false);
+    rows[700] = None;
+    let right = batch(&rows);
+    let metric = Metric::new("cosine", None, None).unwrap();
+    let build = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| CpuIndex::build(&right, &metric))
+    };
+    let (one, many) = (build(1), build(4));
+    assert!(!one.dense_vals.is_empty() && !one.col_rows.is_empty());
+    assert_eq!(one.dense_slot, many.dense_slot);
+    assert_eq!(one.col_ptr, many.col_ptr);
+    assert_eq!(one.col_rows, many.col_rows);
+    assert_eq!(one.col_vals, many.col_vals);
+    assert_eq!(one.dense_vals, many.dense_vals);
+    for col in 0..one.column_count {
+        let list = &one.col_rows[one.col_ptr[col]..one.col_ptr[col + 1]];
+        assert!(
+            list.windows(2).all(|w| w[0] < w[1]),
+            "column {col}'s rows increase"
+        );
+    }
+}
