@@ -21,9 +21,6 @@ use super::vectors::Vectors;
 /// Right rows of a tile: four 512-bit registers of 32-bit sums.
 pub(crate) const ROWS: usize = 64;
 
-/// The largest Σx² (over the dense columns) of a row whose sums are exact in 32 bits.
-const MAX_SQUARES: f64 = i32::MAX as f64;
-
 /// The dense columns of an index, tiled as 16-bit integers (see the module docs).
 #[derive(Debug)]
 pub(crate) struct IntTiles {
@@ -31,13 +28,6 @@ pub(crate) struct IntTiles {
     pairs: usize,
     /// `data[((t * pairs + p) * ROWS + r) * 2 + e]`: slot 2p + e of right row t·ROWS + r.
     data: Vec<i16>,
-}
-
-/// `x` as a 16-bit integer where it is one exactly.
-#[inline(always)]
-pub(crate) fn as_i16(x: f32) -> Option<i16> {
-    let i = x as i16;
-    (i as f32 == x).then_some(i)
 }
 
 impl IntTiles {
@@ -57,20 +47,30 @@ impl IntTiles {
             .enumerate()
             .all(|(t, tile)| {
                 let rows = t * ROWS..((t + 1) * ROWS).min(n);
-                let mut squares = [0.0f64; ROWS];
-                for slot in 0..slots {
-                    let column = &index.dense_vals[slot * n + rows.start..slot * n + rows.end];
-                    let (p, e) = (slot / 2, slot % 2);
-                    let pair = &mut tile[p * ROWS * 2..(p + 1) * ROWS * 2];
-                    for (r, &y) in column.iter().enumerate() {
-                        let Some(v) = as_i16(y) else {
-                            return false;
-                        };
-                        pair[r * 2 + e] = v;
-                        squares[r] += (y as f64) * (y as f64);
+                let column = |slot: usize| match slot < slots {
+                    true => &index.dense_vals[slot * n + rows.start..slot * n + rows.end],
+                    false => &[],
+                };
+                let mut squares = [0i64; ROWS];
+                let mut exact = true;
+                // (no early exit: the loop over a pair's rows vectorises)
+                for (p, pair) in tile.chunks_exact_mut(ROWS * 2).enumerate() {
+                    for (e, column) in [column(2 * p), column(2 * p + 1)].into_iter().enumerate() {
+                        for ((value, square), &y) in pair
+                            .iter_mut()
+                            .skip(e)
+                            .step_by(2)
+                            .zip(&mut squares)
+                            .zip(column)
+                        {
+                            let v = y as i16;
+                            exact &= v as f32 == y;
+                            *value = v;
+                            *square += v as i64 * v as i64;
+                        }
                     }
                 }
-                squares.iter().all(|&s| s <= MAX_SQUARES)
+                exact && squares.iter().all(|&s| s <= i32::MAX as i64)
             });
         fits.then_some(IntTiles { pairs, data })
     }
@@ -117,14 +117,12 @@ impl LeftPairs {
         self.at.push(0);
         self.lanes.resize(slots.div_ceil(2), 0);
         for hits in rows {
-            let mut squares = 0.0f64;
-            let mut fits = true;
+            let mut squares = 0i64;
+            let mut exact = true;
             for &(slot, x) in hits {
-                let Some(v) = as_i16(x) else {
-                    fits = false;
-                    break;
-                };
-                squares += (x as f64) * (x as f64);
+                let v = x as i16;
+                exact &= v as f32 == x;
+                squares += v as i64 * v as i64;
                 let (p, e) = (slot as usize / 2, slot % 2);
                 if self.lanes[p] == 0 {
                     self.touched.push(p as u32);
@@ -136,7 +134,7 @@ impl LeftPairs {
                 self.pairs.push((p, lane));
             }
             self.touched.clear();
-            if !fits || squares > MAX_SQUARES {
+            if !exact || squares > i32::MAX as i64 {
                 return false;
             }
             self.at.push(self.pairs.len());
