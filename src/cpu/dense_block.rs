@@ -195,7 +195,7 @@ pub(crate) fn fill_dense_block<S: Semiring>(
 /// upper one, in squares that stay in cache (a copy row by row reads a column of `out`, one
 /// cache line per value); bands of rows on all cores (on one, it was 7% of a news20 block's
 /// samples, all of them after the parallel part).
-fn mirror(out: &mut [f64], n: usize, stride: usize) {
+pub(crate) fn mirror(out: &mut [f64], n: usize, stride: usize) {
     const SQUARE: usize = 64;
     assert!(n == 0 || out.len() >= (n - 1) * stride + n);
     /// The block's start, shared by the bands: each writes only its own rows' lower triangle
@@ -381,11 +381,25 @@ fn accumulate_batch<S: Semiring>(
             prefetch_next_lists::<S>(index, hits, h);
             let (mut start, end) = (index.col_ptr[col as usize], index.col_ptr[col as usize + 1]);
             if from > 0 {
-                start += index.col_rows[start..end].partition_point(|&j| (j as usize) < from);
+                start += postings_before(&index.col_rows[start..end], from);
             }
             let postings = start..end;
             add_postings(s, index, (col, x), postings, 0, acc0, acc1);
         }
+    }
+}
+
+/// How many of a posting list's rows (increasing) are before `from`: a short list counted
+/// with vector compares, a long one searched. The binary search's dependent loads (each a miss
+/// in a list not yet read) were a fifth of the PBMC graph's batches; a short list's lines are
+/// read by its postings just after.
+#[inline(always)]
+fn postings_before(rows: &[u32], from: usize) -> usize {
+    if rows.len() <= 256 {
+        let from = from as u32;
+        rows.iter().map(|&j| (j < from) as usize).sum()
+    } else {
+        rows.partition_point(|&j| (j as usize) < from)
     }
 }
 

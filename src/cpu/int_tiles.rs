@@ -116,7 +116,10 @@ impl LeftPairs {
         self.at.clear();
         self.at.push(0);
         self.lanes.resize(slots.div_ceil(2), 0);
+        // (a row's pairs, and one slot more for the write past the last)
+        self.touched.resize(slots.div_ceil(2) + 1, 0);
         for hits in rows {
+            let mut touched = 0;
             let mut squares = 0i64;
             let mut exact = true;
             for &(slot, x) in hits {
@@ -124,16 +127,16 @@ impl LeftPairs {
                 exact &= v as f32 == x;
                 squares += v as i64 * v as i64;
                 let (p, e) = (slot as usize / 2, slot % 2);
-                if self.lanes[p] == 0 {
-                    self.touched.push(p as u32);
-                }
+                // (without a branch: whether a pair's other slot came first is a coin toss; a
+                // zero, from a value that is no 16-bit integer, fails the row below)
+                self.touched[touched] = p as u32;
+                touched += ((self.lanes[p] == 0) & (v != 0)) as usize;
                 self.lanes[p] |= ((v as u16 as u32) << (16 * e)) as i32;
             }
-            for &p in &self.touched {
+            for &p in &self.touched[..touched] {
                 let lane = std::mem::take(&mut self.lanes[p as usize]);
                 self.pairs.push((p, lane));
             }
-            self.touched.clear();
             if !exact || squares > i32::MAX as i64 {
                 return false;
             }
