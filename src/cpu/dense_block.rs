@@ -196,7 +196,8 @@ pub(crate) fn fill_dense_block<S: Semiring>(
 /// cache line per value); bands of rows on all cores (on one, it was 7% of a news20 block's
 /// samples, all of them after the parallel part).
 pub(crate) fn mirror(out: &mut [f64], n: usize, stride: usize) {
-    const SQUARE: usize = 64;
+    // (a square read and one written fit L1 together: 2 × 32² × 8 bytes)
+    const SQUARE: usize = 32;
     assert!(n == 0 || out.len() >= (n - 1) * stride + n);
     /// The block's start, shared by the bands: each writes only its own rows' lower triangle
     /// and reads only upper triangles, which no band writes.
@@ -301,7 +302,7 @@ impl BatchScratch {
         self.pairs.load(slots, rows)
     }
 
-    /// The left rows `rows` classified, their accumulators zeroed.
+    /// The left rows `rows` classified (their accumulators as they were).
     #[inline(always)]
     fn load<S: Semiring>(
         &mut self,
@@ -335,10 +336,15 @@ impl BatchScratch {
             self.dense_at.push(self.dense.len());
             self.sparse_at.push(self.sparse.len());
         }
-        let n = index.rows;
-        self.acc0[..self.count * n].fill(0.0);
-        if S::TWO_ACCUMULATORS {
-            self.acc1[..self.count * n].fill(0.0);
+    }
+
+    /// The loaded rows' accumulators of the right rows from `from` on, zeroed.
+    fn zero_accumulators<S: Semiring>(&mut self, n: usize, from: usize) {
+        for b in 0..self.count {
+            self.acc0[b * n + from..(b + 1) * n].fill(0.0);
+            if S::TWO_ACCUMULATORS {
+                self.acc1[b * n + from..(b + 1) * n].fill(0.0);
+            }
         }
     }
 }
@@ -364,8 +370,13 @@ fn accumulate_batch<S: Semiring>(
             (Some(ints), Some(scale)) if ws.load_pairs(index) => {
                 add_int_tiles(index, ints, ws, from, scale)
             }
-            _ => add_dense_tiles(s, index, ws, from),
+            _ => {
+                ws.zero_accumulators::<S>(n, from);
+                add_dense_tiles(s, index, ws, from)
+            }
         }
+    } else {
+        ws.zero_accumulators::<S>(n, from);
     }
     for b in 0..ws.count {
         if !tiles {
@@ -458,7 +469,8 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
 }
 
 /// [`add_dense_tiles`] from the index's 16-bit tiles (`int_tiles`) and the batch's pairs
-/// of hits (`BatchScratch::load_pairs`): the same exact sums, times the metric's `scale`.
+/// of hits (`BatchScratch::load_pairs`): the same exact sums, times the metric's `scale`,
+/// written to every accumulator from `from` on (zeros where a row has no dense hit).
 #[inline(always)]
 fn add_int_tiles(
     index: &CpuIndex,
@@ -473,13 +485,13 @@ fn add_int_tiles(
         let rows = from.max(j0)..n.min(j0 + int_tiles::ROWS);
         for b in 0..ws.count {
             let pairs = &ws.pairs.pairs[ws.pairs.at[b]..ws.pairs.at[b + 1]];
+            let acc = &mut ws.acc0[b * n + rows.start..b * n + rows.end];
             if pairs.is_empty() {
+                acc.fill(0.0);
                 continue;
             }
             let sums = int_tiles::tile_sums(ints, t, pairs, scale);
-            let at = b * n;
-            ws.acc0[at + rows.start..at + rows.end]
-                .copy_from_slice(&sums[rows.start - j0..rows.end - j0]);
+            acc.copy_from_slice(&sums[rows.start - j0..rows.end - j0]);
         }
     }
 }

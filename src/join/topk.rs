@@ -88,6 +88,12 @@ impl TopK {
         }
     }
 
+    /// The key below which [`TopK::push`] keeps an entry once full (infinity before).
+    #[inline]
+    pub fn threshold(&self) -> f64 {
+        self.worst
+    }
+
     /// The kept entries, nearest first.
     pub fn drain_sorted(&mut self) -> impl Iterator<Item = (f64, u32)> {
         let sorted = std::mem::take(&mut self.heap).into_sorted_vec();
