@@ -267,7 +267,7 @@ struct BatchScratch {
     row: FoldedScratch,
     /// [`add_dense_tiles`]' tile of the dense columns, in f64.
     tile: Vec<f64>,
-    /// The dense hits as pairs of 16-bit values, for [`add_int_tiles`].
+    /// The dense hits as pairs of 16-bit values, for `int_tiles::add_tiles`.
     pairs: LeftPairs,
 }
 
@@ -368,7 +368,8 @@ fn accumulate_batch<S: Semiring>(
         let scale = s.pair_scale();
         match (ints, scale) {
             (Some(ints), Some(scale)) if ws.load_pairs(index) => {
-                add_int_tiles(index, ints, ws, from, scale)
+                let rows = from..index.rows;
+                int_tiles::add_tiles(ints, &ws.pairs, rows, &mut ws.acc0, scale)
             }
             _ => {
                 ws.zero_accumulators::<S>(n, from);
@@ -465,34 +466,6 @@ fn add_dense_tiles<S: Semiring>(s: &S, index: &CpuIndex, ws: &mut BatchScratch, 
             ws.acc0[at..at + len].copy_from_slice(&sums[..len]);
         }
         j0 += len;
-    }
-}
-
-/// [`add_dense_tiles`] from the index's 16-bit tiles (`int_tiles`) and the batch's pairs
-/// of hits (`BatchScratch::load_pairs`): the same exact sums, times the metric's `scale`,
-/// written to every accumulator from `from` on (zeros where a row has no dense hit).
-#[inline(always)]
-fn add_int_tiles(
-    index: &CpuIndex,
-    ints: &IntTiles,
-    ws: &mut BatchScratch,
-    from: usize,
-    scale: f64,
-) {
-    let n = index.rows;
-    for t in from / int_tiles::ROWS..n.div_ceil(int_tiles::ROWS) {
-        let j0 = t * int_tiles::ROWS;
-        let rows = from.max(j0)..n.min(j0 + int_tiles::ROWS);
-        for b in 0..ws.count {
-            let pairs = &ws.pairs.pairs[ws.pairs.at[b]..ws.pairs.at[b + 1]];
-            let acc = &mut ws.acc0[b * n + rows.start..b * n + rows.end];
-            if pairs.is_empty() {
-                acc.fill(0.0);
-                continue;
-            }
-            let sums = int_tiles::tile_sums(ints, t, pairs, scale);
-            acc.copy_from_slice(&sums[rows.start - j0..rows.end - j0]);
-        }
     }
 }
 

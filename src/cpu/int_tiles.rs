@@ -13,6 +13,8 @@
 //! and for each pair its rows' two values side by side, so that one left row's pair of values,
 //! broadcast as one 32-bit lane, meets 16 right rows' pairs in one 512-bit load.
 
+use std::ops::Range;
+
 use rayon::prelude::*;
 
 use super::index::CpuIndex;
@@ -143,6 +145,34 @@ impl LeftPairs {
             self.at.push(self.pairs.len());
         }
         true
+    }
+}
+
+/// `dense_block`'s dense tiles from the 16-bit ones: each of a batch's rows' (`left`) exact
+/// sums Σ x·y with the right rows `rows` (`from..n`), times the metric's `scale`, written to
+/// its accumulators (`acc[b * n + j]`; zeros where the row has no pair).
+#[inline(always)]
+pub(crate) fn add_tiles(
+    tiles: &IntTiles,
+    left: &LeftPairs,
+    rows: Range<usize>,
+    acc: &mut [f64],
+    scale: f64,
+) {
+    let n = rows.end;
+    for t in rows.start / ROWS..n.div_ceil(ROWS) {
+        let j0 = t * ROWS;
+        let part = rows.start.max(j0)..n.min(j0 + ROWS);
+        for b in 0..left.at.len() - 1 {
+            let pairs = &left.pairs[left.at[b]..left.at[b + 1]];
+            let acc = &mut acc[b * n + part.start..b * n + part.end];
+            if pairs.is_empty() {
+                acc.fill(0.0);
+                continue;
+            }
+            let sums = tile_sums(tiles, t, pairs, scale);
+            acc.copy_from_slice(&sums[part.start - j0..part.end - j0]);
+        }
     }
 }
 
