@@ -173,11 +173,11 @@ pub(crate) fn fill_dense_block<S: Semiring>(
         .max(1);
     let right = RightRows::new(index);
     // Raw counts take 16-bit tiles where the CPU multiplies them (derived once, before the
-    // batches wait on it).
-    let bilinear = !S::LIFTED && !S::TWO_ACCUMULATORS && s.pair_scale().is_some();
-    let ints = (any_order && bilinear && int_tiles::available())
-        .then(|| index.int_tiles())
-        .flatten();
+    // batches wait on it), their sums times the pair's constant.
+    let ints = s
+        .pair_scale()
+        .filter(|_| any_order && int_tiles::available())
+        .and_then(|scale| Some((index.int_tiles()?, scale)));
     out.par_chunks_mut(batch * stride)
         .enumerate()
         .for_each_init(
@@ -358,18 +358,16 @@ fn accumulate_batch<S: Semiring>(
     index: &CpuIndex,
     left: &SparseBatch,
     (rows, from, any_order): (Range<usize>, usize, bool),
-    ints: Option<&IntTiles>,
+    ints: Option<(&IntTiles, f64)>,
     ws: &mut BatchScratch,
 ) {
     ws.load(s, index, left, rows);
     let n = index.rows;
     let tiles = any_order && !S::LIFTED && !S::TWO_ACCUMULATORS;
     if tiles {
-        let scale = s.pair_scale();
-        match (ints, scale) {
-            (Some(ints), Some(scale)) if ws.load_pairs(index) => {
-                let rows = from..index.rows;
-                int_tiles::add_tiles(ints, &ws.pairs, rows, &mut ws.acc0, scale)
+        match ints {
+            Some((ints, scale)) if ws.load_pairs(index) => {
+                int_tiles::add_tiles(ints, &ws.pairs, from..n, &mut ws.acc0, scale)
             }
             _ => {
                 ws.zero_accumulators::<S>(n, from);
@@ -385,8 +383,8 @@ fn accumulate_batch<S: Semiring>(
             let dense = &ws.dense[ws.dense_at[b]..ws.dense_at[b + 1]];
             add_dense_hits(s, index, dense, from..n, acc0, acc1);
         }
-        // Postings of right rows before `from` are passed over: a list's rows increase, so a
-        // binary search finds where they end.
+        // Postings of right rows before `from` are passed over: a list's rows increase, so
+        // counting those before `from` finds where they end (`postings_before`).
         let (acc0, acc1) = row_accs::<S>(&mut ws.acc0, &mut ws.acc1, b * n, 0..n);
         let hits = &ws.sparse[ws.sparse_at[b]..ws.sparse_at[b + 1]];
         for (h, &(col, x)) in hits.iter().enumerate() {
@@ -521,7 +519,7 @@ multiversion! {
         left: &SparseBatch,
         rows: Range<usize>,
         right: &RightRows,
-        ints: Option<&IntTiles>,
+        ints: Option<(&IntTiles, f64)>,
         ws: &mut BatchScratch,
         out: &mut [f64],
         how: (usize, bool, bool),
@@ -536,7 +534,7 @@ fn block_batch_impl<S: Semiring>(
     left: &SparseBatch,
     rows: Range<usize>,
     right: &RightRows,
-    ints: Option<&IntTiles>,
+    ints: Option<(&IntTiles, f64)>,
     ws: &mut BatchScratch,
     out: &mut [f64],
     (stride, symmetric, any_order): (usize, bool, bool),

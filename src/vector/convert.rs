@@ -336,6 +336,11 @@ fn reject_negative_indices(
     Ok(())
 }
 
+/// A finite value that float32 does not hold (it would become an infinity).
+fn past_float32(v: f64) -> bool {
+    v.is_finite() && !(v as f32).is_finite()
+}
+
 /// Float64 values as float32, position for position; a finite value past float32's range in a
 /// non-NULL row is an error (as the general path reports it), NaN and infinities pass to the
 /// checks.
@@ -347,7 +352,6 @@ fn narrow_values(
     check: &VectorCheck,
 ) -> Result<ScalarBuffer<f32>> {
     use rayon::prelude::*;
-    let too_large = |v: f64| v.is_finite() && !(v as f32).is_finite();
     // Narrowed and checked in the same pass over the values.
     let mut narrowed = vec![0f32; values.len()];
     let any_too_large = narrowed
@@ -365,7 +369,7 @@ fn narrow_values(
     if any_too_large {
         for row in (0..array.len()).filter(|&r| !array.is_null(r)) {
             let (s, e) = (offsets[row] as usize, offsets[row + 1] as usize);
-            if let Some(k) = (s..e).find(|&k| too_large(values[k])) {
+            if let Some(k) = (s..e).find(|&k| past_float32(values[k])) {
                 return exec_err!(
                     "{}: value {:e} at index {} does not fit in float32",
                     check.row_label(row),
@@ -474,7 +478,7 @@ fn build(
                     );
                 }
                 let v = read(vs + k);
-                if v.is_finite() && !(v as f32).is_finite() {
+                if past_float32(v) {
                     return exec_err!(
                         "{}: value {v:e} at index {i} does not fit in float32",
                         check.row_label(row)
