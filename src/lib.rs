@@ -10,6 +10,7 @@ pub mod cli;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod cpu;
+pub mod device;
 pub mod generate;
 pub mod gpu;
 pub mod index;
@@ -44,12 +45,12 @@ pub fn register_all(ctx: &SessionContext) -> datafusion::common::Result<()> {
         // Built right sides kept for later statements (`sparse_knn.index_cache`).
         if state
             .config()
-            .get_extension::<planner::IndexCache>()
+            .get_extension::<index::IndexCache>()
             .is_none()
         {
             state
                 .config_mut()
-                .set_extension(Arc::new(planner::IndexCache::new()));
+                .set_extension(Arc::new(index::IndexCache::new()));
         }
     }
     udf::register(ctx)?;

@@ -95,7 +95,8 @@ sparse_knn_settings! {
         /// or a share of the right rows, e.g. 0.05 (every column nonzero in at least 5% of them).
         pub dense_columns: String = "auto".to_string(),
         /// Bytes of built right sides kept for later joins of the same data, e.g. '2GiB'; 0
-        /// keeps none (empty: a quarter of the memory pool, 2 GiB when it is unbounded).
+        /// keeps none (empty: a quarter of the memory pool, half the physical memory when it is
+        /// unbounded, and GPU-resident sides within the devices' memory).
         pub index_cache: String = String::new(),
     }
 }
@@ -611,5 +612,15 @@ mod tests {
         assert_eq!(options.device, DeviceChoice::Cpu);
         assert_eq!(options.dim, Some(64));
         assert_eq!(options.gpu_memory_limit, Some(2 << 30));
+    }
+}
+
+/// The session's defaults for the options (the `sparse_knn.*` settings, when registered).
+pub fn session_options(
+    config: &datafusion::common::config::ConfigOptions,
+) -> Result<JoinOptions> {
+    match config.extensions.get::<SparseKnnConfig>() {
+        Some(c) => JoinOptions::from_config(c),
+        None => Ok(JoinOptions::default()),
     }
 }

@@ -14,7 +14,6 @@ use arrow::buffer::Buffer;
 use arrow::datatypes::{ArrowNativeType, DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_err, Result};
 use datafusion::prelude::SessionContext;
-use datafusion_sparse_knn::cpu::self_nearest;
 use datafusion_sparse_knn::index::SparseIndex;
 use datafusion_sparse_knn::join::{max_chunk_nnz, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::options::{ExcludeSelf, JoinOptions};
@@ -32,12 +31,6 @@ use crate::{runtime, value_error};
 /// Left rows per probe: the planner's probe size (`planner/exec`), so that a call here asks a
 /// backend for nothing a join does not.
 const PROBE_ROWS: usize = 64 * 1024;
-
-/// Pairs per probe of `pairwise_distances` (16 bytes each while they live): every pair of a
-/// block of left rows is kept, so the block is cut by rows × right rows. 256K pairs (4 MB)
-/// stay in the caches and the allocator reuses their memory: news20, 1,000 × 4,275 cosine,
-/// took 0.124 s in blocks of 4M pairs (fresh pages each), 0.09-0.12 s in these (loaded machine).
-const PAIRWISE_BLOCK_PAIRS: usize = 1 << 18;
 
 /// The right side as built for probing: the crate's index value.
 struct Built {
@@ -223,17 +216,14 @@ impl Fitted {
         self.metric.kind.is_similarity()
     }
 
-    /// The fitted rows' k nearest among themselves from the symmetric dense block, each pair
-    /// computed once (`cpu::self_nearest`): the probe's answer bit for bit, where it answers
-    /// (a CPU index of one piece, raw counts under cosine, euclidean, sqeuclidean or
-    /// manhattan). False: probe.
+    /// The fitted rows' k nearest among themselves where the index's backend answers them
+    /// directly, bit for bit as the probe would (on the CPU, from the symmetric dense block,
+    /// each pair once: raw counts under cosine, euclidean, sqeuclidean or manhattan). False:
+    /// probe.
     fn self_nearest(&self, query: &Query, k: usize, out: (&mut [f64], &mut [i64])) -> Result<bool> {
-        let (Query::Fitted, [rows]) = (query, &self.rows[..]) else {
-            return Ok(false);
-        };
-        match self.built.index.cpu_index(&self.metric)? {
-            Some(index) => self_nearest(&index, rows, &self.metric, k, out),
-            None => Ok(false),
+        match query {
+            Query::Fitted => self.built.index.self_nearest(&self.metric, k, out),
+            Query::Given(_) => Ok(false),
         }
     }
 }
@@ -242,50 +232,10 @@ pub(crate) fn rows_of(pieces: &[SparseBatch]) -> usize {
     pieces.iter().map(SparseBatch::len).sum()
 }
 
-/// Writes `value` into slot `slot` of `out`, in native byte order (what numpy reads back).
-fn put_f64(out: &mut [u8], slot: usize, value: f64) {
-    out[slot * 8..slot * 8 + 8].copy_from_slice(&value.to_ne_bytes());
-}
-
 /// `values` as a bytearray (native byte order), which the package wraps as a writable numpy
 /// array without a copy.
 fn bytes<T: ArrowNativeType>(py: Python<'_>, values: Vec<T>) -> Bound<'_, PyByteArray> {
     PyByteArray::new(py, Buffer::from_vec(values).as_slice())
-}
-
-/// One block of `pairwise`'s output (its rows × `m`, row-major) from its probe's pairs: copied
-/// in one pass when they are every pair in row-major order (what a CPU probe within an
-/// infinite radius gives), else placed one by one, a pair left out (a NULL vector) reading NaN.
-fn put_block(region: &mut [u8], m: usize, pairs: &PairList) {
-    let complete = pairs.len() * 8 == region.len()
-        && (0..pairs.len() / m.max(1)).all(|row| {
-            let at = row * m;
-            pairs.left[at..at + m].iter().all(|&l| l as usize == row)
-                && pairs.right[at..at + m]
-                    .iter()
-                    .enumerate()
-                    .all(|(c, &r)| r as usize == c)
-        });
-    if complete {
-        for (slot, d) in region.chunks_exact_mut(8).zip(&pairs.distance) {
-            slot.copy_from_slice(&d.to_ne_bytes());
-        }
-        return;
-    }
-    fill_f64(region, f64::NAN);
-    for i in 0..pairs.len() {
-        put_f64(
-            region,
-            pairs.left[i] as usize * m + pairs.right[i] as usize,
-            pairs.distance[i],
-        );
-    }
-}
-
-fn fill_f64(out: &mut [u8], value: f64) {
-    for chunk in out.chunks_exact_mut(8) {
-        chunk.copy_from_slice(&value.to_ne_bytes());
-    }
 }
 
 /// The right side of `NearestNeighbors`, built once by `fit` and probed by every call.
@@ -526,50 +476,53 @@ impl FittedIndex {
     }
 
     /// Every distance between the query rows (`rows=None`: the fitted rows, own pairs
-    /// included) and the fitted rows: a bytearray of n × (fitted rows) float64 values,
-    /// row-major, computed in blocks of query rows by the index's probe (every pair within an
-    /// infinite radius) and written in place.
+    /// included, each pair computed once where the metric allows) and the fitted rows: a
+    /// C-contiguous float64 numpy array of shape (n, fitted rows), NaN where either row is NULL,
+    /// written in place by the index's distance matrix (the backend's own operation: the CPU's
+    /// dense blocks, the GPU's matrix kernel, or a probe within an infinite radius).
     #[pyo3(signature = (rows))]
     fn pairwise<'py>(
         &self,
         py: Python<'py>,
         rows: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<(usize, Bound<'py, PyByteArray>)> {
+    ) -> PyResult<Bound<'py, PyAny>> {
         let fitted = &self.inner;
-        let query = match self.query(py, rows)? {
-            // The diagonal too: probe the fitted rows as given rows.
-            Query::Fitted => Query::Given(fitted.rows.clone()),
-            given => given,
-        };
+        let query = self.query(py, rows)?;
         let n = rows_of(fitted.query_rows(&query));
         let m = fitted.n_rows;
-        let Some(bytes) = n.checked_mul(m).and_then(|c| c.checked_mul(8)) else {
+        if n.checked_mul(m).and_then(|c| c.checked_mul(8)).is_none() {
             return Err(PyValueError::new_err(format!(
                 "pairwise_distances: {n} x {m} does not fit an array"
             )));
-        };
-        let everything = if fitted.similarity() {
-            f64::NEG_INFINITY
-        } else {
-            f64::INFINITY
-        };
-        let block = (PAIRWISE_BLOCK_PAIRS / m.max(1)).clamp(1, PROBE_ROWS);
-        let out = PyByteArray::new_with(py, bytes, |out: &mut [u8]| {
-            py.detach(|| {
-                fitted.probe_runs(
-                    &query,
-                    Selection::Within(everything),
-                    block,
-                    |first, rows, pairs| {
-                        let region = &mut out[first * m * 8..(first + rows) * m * 8];
-                        put_block(region, m, &pairs);
-                        Ok(())
-                    },
-                )
-            })
-            .map_err(value_error)
-        })?;
-        Ok((n, out))
+        }
+        // numpy.empty, not a bytearray: a bytearray is zeroed first, which for 10,000 x 10,000
+        // rows (800 MB) took as long as computing the distances, on one core.
+        let array = py.import("numpy")?.call_method1("empty", ((n, m),))?;
+        let interface = array.getattr("__array_interface__")?;
+        let address: usize = interface.get_item("data")?.get_item(0)?.extract()?;
+        if n * m == 0 {
+            return Ok(array);
+        }
+        // SAFETY: `array` is the C-contiguous float64 array of n × m values just made, held
+        // here and by no one else while it is written (numpy aligns its data to 16 bytes).
+        let out = unsafe { std::slice::from_raw_parts_mut(address as *mut f64, n * m) };
+        py.detach(|| -> Result<()> {
+            let index = &fitted.built.index;
+            match &query {
+                Query::Fitted => index.distance_matrix(&fitted.metric, None, out),
+                Query::Given(pieces) => {
+                    let mut first = 0;
+                    for piece in pieces.iter().filter(|p| !p.is_empty()) {
+                        let rows = &mut out[first * m..(first + piece.len()) * m];
+                        index.distance_matrix(&fitted.metric, Some(piece), rows)?;
+                        first += piece.len();
+                    }
+                    Ok(())
+                }
+            }
+        })
+        .map_err(value_error)?;
+        Ok(array)
     }
 }
 

@@ -10,9 +10,8 @@
 //!   their own, on inputs held as [`source::Source`]s (Arrow data or a Parquet path).
 //! - A fitted index (`fitted.rs`): `FittedIndex` builds the right side once and probes it with
 //!   query rows directly, without a DataFusion plan (the estimator `NearestNeighbors`, the
-//!   graphs, `pairwise_distances`); query rows from matrices come as CSR buffers (`csr.rs`).
-//!   `pairwise_distances` on the CPU takes `pairwise.rs`'s `DenseBlockIndex` instead, which
-//!   writes the crate's dense blocks straight into the output.
+//!   graphs, `pairwise_distances`: the index's distance matrix written into a numpy array);
+//!   query rows from matrices come as CSR buffers (`csr.rs`).
 //!
 //! The Python package (`python/python/datafusion_sparse_knn/`) turns user inputs into sources or
 //! CSR buffers and shapes the results like scikit-learn's. Work runs with the GIL released.
@@ -21,7 +20,6 @@ mod csr;
 mod ffi;
 mod fitted;
 mod joins;
-mod pairwise;
 mod source;
 
 use std::sync::OnceLock;
@@ -61,7 +59,6 @@ fn _internal(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ffi::TableFunction>()?;
     m.add_class::<csr::Csr>()?;
     m.add_class::<fitted::FittedIndex>()?;
-    m.add_class::<pairwise::DenseBlockIndex>()?;
     m.add_function(wrap_pyfunction!(joins::kneighbors, m)?)?;
     m.add_function(wrap_pyfunction!(joins::radius_neighbors, m)?)?;
     m.add_function(wrap_pyfunction!(joins::join_table, m)?)?;

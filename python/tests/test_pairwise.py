@@ -97,33 +97,23 @@ FOLDED_METRICS = [
 UNION_METRICS = ["chebyshev", "minkowski", "hellinger", "jensenshannon"]
 
 
-def _both_paths(metric, X, Y):
-    """The CPU's dense block and the fitted index's radius probe (the crate's other path) of the
-    same rows, or None for the dense block where it does not apply."""
-    from datafusion_sparse_knn._inputs import _options, _rows
-    from datafusion_sparse_knn._internal import DenseBlockIndex, FittedIndex
+def _matrix_and_reference(metric, X, Y):
+    """The index's distance matrix (the backend's own operation: the CPU's dense blocks for the
+    folded metrics, a probe within an infinite radius for the rest) and a float64 reference."""
+    from reference import reference_matrix
 
-    x_rows, _, columns = _rows(X, "X")
-    y_rows, _, _ = _rows(Y, "Y")
-    text = _options(metric, {"device": "cpu"}, columns)
-    block = DenseBlockIndex.fit(y_rows, metric, text)
-    n, out = FittedIndex.fit(y_rows, metric, text).pairwise(x_rows)
-    probed = np.frombuffer(out, np.float64).reshape(n, Y.shape[0])
-    return (None if block is None else block.pairwise(x_rows)), probed
+    got = knn.pairwise_distances(X, Y, metric=metric, device="cpu")
+    return got, reference_matrix(metric, X.toarray(), Y.toarray())
 
 
-@pytest.mark.parametrize("metric", FOLDED_METRICS)
-def test_dense_block_gives_the_probes_distances(kos, metric):
-    got, probed = _both_paths(metric, kos[:50], kos[50:250])
-    assert got is not None and got.shape == (50, 200) and got.flags.c_contiguous
-    assert np.array_equal(got, probed), metric
-
-
-@pytest.mark.parametrize("metric", UNION_METRICS)
-def test_union_metrics_take_the_fitted_index(kos, metric):
-    got, probed = _both_paths(metric, kos[:5], kos[5:40])
-    assert got is None
-    assert knn.pairwise_distances(kos[:5], kos[5:40], metric=metric).tolist() == probed.tolist()
+@pytest.mark.parametrize("metric", FOLDED_METRICS + UNION_METRICS)
+def test_the_distance_matrix_matches_a_float64_reference(kos, metric):
+    X, Y = kos[:50], kos[50:250]
+    got, want = _matrix_and_reference(metric, X, Y)
+    assert got.shape == (50, 200) and got.flags.c_contiguous and got.dtype == np.float64
+    ok = close(got, want, tolerance(metric, want, X.toarray(), Y.toarray()))
+    ok |= np.isnan(got) & np.isnan(want)
+    assert ok.all(), (metric, np.argwhere(~ok)[:5])
 
 
 @pytest.mark.parametrize("metric", ["cosine", "euclidean", "manhattan", "dot", "kl_divergence"])

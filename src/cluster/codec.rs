@@ -378,11 +378,15 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
                 // `device` is resolved again where the operator runs: `auto` takes this
                 // executor's GPU when it has one, whatever the scheduler has.
                 let device = resolve_device(spec.function_name(), spec.options.device)?;
-                Ok(Arc::new(SparseJoinExec::try_new(
+                // A filtered right side over a kept index: its mask plan is the third input.
+                let masked = value.get("masked").and_then(|v| v.as_bool()) == Some(true);
+                let mask = if masked { Some(input(2)?) } else { None };
+                Ok(Arc::new(SparseJoinExec::try_new_masked(
                     spec,
                     device,
                     input(0)?,
                     input(1)?,
+                    mask,
                     &text_field(&value, "left_vector")?,
                     &text_field(&value, "right_vector")?,
                 )?))
@@ -416,6 +420,7 @@ impl PhysicalExtensionCodec for SparseKnnPhysicalCodec {
                 "spec": spec_to_json(join.spec())?,
                 "left_vector": vector_column(join, join.left(), QUERY_PREFIX)?,
                 "right_vector": vector_column(join, join.right(), NEIGHBOR_PREFIX)?,
+                "masked": join.right_mask().is_some(),
             })
         } else if node.downcast_ref::<GatherExec>().is_some() {
             json!({ "node": "gather" })

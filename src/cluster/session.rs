@@ -66,8 +66,8 @@ pub fn executor_session_config() -> SessionConfig {
 }
 
 /// The index cache an executor process shares among its tasks.
-pub fn executor_index_cache() -> Arc<crate::planner::IndexCache> {
-    static CACHE: std::sync::OnceLock<Arc<crate::planner::IndexCache>> = std::sync::OnceLock::new();
+pub fn executor_index_cache() -> Arc<crate::index::IndexCache> {
+    static CACHE: std::sync::OnceLock<Arc<crate::index::IndexCache>> = std::sync::OnceLock::new();
     Arc::clone(CACHE.get_or_init(Default::default))
 }
 

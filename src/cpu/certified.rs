@@ -25,6 +25,7 @@ use std::any::TypeId;
 
 use super::folded::{accumulate, FoldedScratch, BLOCK};
 use super::index::CpuIndex;
+use super::keep::Keep;
 use super::js_filter::{JsFilter, JS_PAIR_ERROR};
 use super::minkowski::{accumulate_minkowski, minkowski_degree, pow_error};
 use super::union::UnionLeft;
@@ -55,7 +56,7 @@ multiversion! {
         index: &CpuIndex,
         row: (&[i32], &[f32]),
         left_row: u32,
-        skip: Option<usize>,
+        keep_row: Keep<'_>,
         selection: Selection,
         folded: &mut FoldedScratch,
         ws: &mut CertifiedScratch,
@@ -70,7 +71,7 @@ fn certified_row_impl<S: Semiring>(
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
     left_row: u32,
-    skip: Option<usize>,
+    keep_row: Keep<'_>,
     selection: Selection,
     folded: &mut FoldedScratch,
     ws: &mut CertifiedScratch,
@@ -128,7 +129,7 @@ fn certified_row_impl<S: Semiring>(
         }
         (v - e, v + e)
     };
-    let keep = |j: usize| index.valid[j] && skip != Some(j);
+    let keep = |j: usize| keep_row.allows(j);
     let zero = RowTotals::default();
 
     ws.candidates.clear();

@@ -20,6 +20,7 @@
 //! every post, the scatter of those columns' postings was most of a chebyshev join.
 
 use super::index::{CpuIndex, SPARSE};
+use super::keep::Keep;
 use super::vectors::multiversion;
 use crate::join::{within, PairList, Selection, TopK};
 use crate::metric::Semiring;
@@ -100,7 +101,7 @@ pub(crate) fn chebyshev_row<S: Semiring>(
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
     left_row: u32,
-    skip: Option<usize>,
+    keep: Keep<'_>,
     selection: Selection,
     ws: &mut ChebyshevScratch,
     topk: &mut TopK,
@@ -159,7 +160,7 @@ pub(crate) fn chebyshev_row<S: Semiring>(
         let (shared_max, p) = (shared[j], prefix[j] as usize);
         shared[j] = 0.0;
         prefix[j] = 0;
-        if !index.valid[j] || skip == Some(j) {
+        if !keep.allows(j) {
             continue;
         }
         let mut m = outside.max(shared_max);

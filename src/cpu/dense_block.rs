@@ -637,7 +637,10 @@ mod tests {
         let mut ws = FoldedScratch::new(index.rows, S::TWO_ACCUMULATORS);
         let mut out = PairList::default();
         for r in (0..left.len()).filter(|&r| !left.is_null(r)) {
-            let skip = options.excluded_right_row(r, index.rows);
+            let skip = super::super::keep::Keep {
+                valid: &index.valid,
+                skip: options.excluded_right_row(r, index.rows),
+            };
             let v = Vectors::chosen();
             folded_row(
                 v,

@@ -13,6 +13,7 @@
 //! 256- or 512-bit vectors.
 
 use super::index::{CpuIndex, SPARSE};
+use super::keep::Keep;
 use super::vectors::multiversion;
 use crate::join::{within, PairList, Selection, TopK};
 use crate::metric::{KeyForm, RowTotals, Semiring};
@@ -55,7 +56,7 @@ multiversion! {
         index: &CpuIndex,
         row: (&[i32], &[f32]),
         left_row: u32,
-        skip: Option<usize>,
+        keep: Keep<'_>,
         selection: Selection,
         ws: &mut FoldedScratch,
         out: &mut PairList,
@@ -69,7 +70,7 @@ fn folded_row_impl<S: Semiring>(
     index: &CpuIndex,
     (indices, values): (&[i32], &[f32]),
     left_row: u32,
-    skip: Option<usize>,
+    keep_row: Keep<'_>,
     selection: Selection,
     ws: &mut FoldedScratch,
     out: &mut PairList,
@@ -83,7 +84,7 @@ fn folded_row_impl<S: Semiring>(
         &mut []
     };
 
-    let keep = |j: usize| index.valid[j] & (skip != Some(j));
+    let keep = |j: usize| keep_row.allows(j);
     match selection {
         Selection::Nearest(k) => {
             ws.topk.reset(k);
@@ -99,7 +100,7 @@ fn folded_row_impl<S: Semiring>(
                 &left_totals,
                 acc0,
                 acc1,
-                skip,
+                keep_row,
                 radius,
                 left_row,
                 out,
@@ -125,16 +126,16 @@ fn select_within<S: Semiring>(
     left_totals: &RowTotals,
     acc0: &[f64],
     acc1: &[f64],
-    skip: Option<usize>,
+    keep_row: Keep<'_>,
     radius: f64,
     left_row: u32,
     out: &mut PairList,
 ) {
     let n = index.rows;
-    let (totals, valid) = (&index.totals[..n], &index.valid[..n]);
+    let (totals, valid) = (&index.totals[..n], &keep_row.valid[..n]);
     let form = index.key_form;
     let left = FilterLeft::new(form, left_totals);
-    let skip = skip.unwrap_or(usize::MAX);
+    let skip = keep_row.skip.unwrap_or(usize::MAX);
     let mut outside = Outside::default();
     let mut filter = [0.0f64; BLOCK];
     let mut dist = [0.0f64; BLOCK];

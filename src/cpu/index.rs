@@ -52,6 +52,9 @@ const CODED_MIN_REUSE: usize = 8;
 /// The probe of an index, compiled for the index's metric: the index keeps it behind this trait
 /// so that it needs no type parameter (implemented for every metric in `probe.rs`), and the loops inside are still monomorphised per metric.
 pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
+    /// `valid`: the right rows that may be offered (the index's own flags, or those less a
+    /// filter's failing rows).
+    #[allow(clippy::too_many_arguments)]
     fn probe(
         &self,
         index: &CpuIndex,
@@ -60,6 +63,7 @@ pub(crate) trait CpuKernels: std::fmt::Debug + Send + Sync {
         options: ProbeOptions,
         cancel: &Cancel,
         vectors: Vectors,
+        valid: &[bool],
     ) -> Vec<PairList>;
 
     /// `dense_block::dense_block` (its arguments checked there) of the rows `shape` says.

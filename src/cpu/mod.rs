@@ -9,6 +9,7 @@ mod folded;
 mod index;
 mod int_tiles;
 mod js_filter;
+mod keep;
 mod minkowski;
 mod persist;
 mod probe;
@@ -19,7 +20,7 @@ mod vectors;
 
 use std::time::Instant;
 
-use datafusion::common::Result;
+use datafusion::common::{exec_err, Result};
 
 pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use dense_block::{dense_block, dense_block_symmetric, fills_dense_block};
@@ -30,8 +31,10 @@ pub use probe::{probe, probe_parts};
 pub use self_nearest::{self_nearest, self_nearest_is_exact};
 use vectors::Vectors;
 
-use crate::join::{Backend, Cancel, JoinIndex, Probed};
-use crate::metric::Metric;
+use crate::join::{
+    matrix_by_probe, Backend, Cancel, JoinIndex, MatrixOut, MatrixRows, Probed, RowMask,
+};
+use crate::metric::{Metric, MetricKind};
 use crate::vector::SparseBatch;
 
 /// Joins on all CPU cores.
@@ -56,10 +59,84 @@ impl JoinIndex for CpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<Probed> {
+        self.probe_valid(left, selection, options, cancel, &self.valid)
+    }
+
+    /// The failing rows are dropped inside the probe, as NULL rows are: the valid flags less
+    /// the mask's, made once a probe (a pass over the right rows, 1 byte each).
+    fn probe_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        mask: &RowMask,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        if mask.len() != self.rows {
+            return exec_err!(
+                "a row mask of {} rows for an index of {} rows",
+                mask.len(),
+                self.rows
+            );
+        }
+        let valid: Vec<bool> = self
+            .valid
+            .iter()
+            .zip(mask.as_slice())
+            .map(|(&v, &m)| v & m)
+            .collect();
+        self.probe_valid(left, selection, options, cancel, &valid)
+    }
+
+    fn memory_size(&self) -> usize {
+        CpuIndex::memory_size(self) + self.workspace_size() * rayon::current_num_threads()
+    }
+
+    /// The folded metrics' dense blocks (`dense_block.rs`), each pair once for the index's own
+    /// rows under a symmetric metric (all but kl_divergence); the others by the default probe.
+    fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: MatrixRows<'_>,
+        out: MatrixOut<'_>,
+    ) -> Result<()> {
+        if !self.fills_dense_block() {
+            return matrix_by_probe(self, metric, left.rows(), out);
+        }
+        out.check(left.rows().len())?;
+        match left {
+            MatrixRows::Own(rows) if metric.kind != MetricKind::KlDivergence => {
+                dense_block_symmetric(self, rows, out.values, out.stride)
+            }
+            _ => dense_block(self, left.rows(), out.values, out.stride),
+        }
+    }
+
+    fn self_nearest(
+        &self,
+        metric: &Metric,
+        rows: &SparseBatch,
+        k: usize,
+        out: (&mut [f64], &mut [i64]),
+    ) -> Result<bool> {
+        self_nearest(self, rows, metric, k, out)
+    }
+}
+
+impl CpuIndex {
+    fn probe_valid(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+        valid: &[bool],
+    ) -> Result<Probed> {
         let started = Instant::now();
+        let vectors = Vectors::chosen();
         let parts = self
             .kernels
-            .probe(self, left, selection, options, cancel, Vectors::chosen());
+            .probe(self, left, selection, options, cancel, vectors, valid);
         cancel.check()?;
         Ok(Probed {
             parts,
@@ -67,10 +144,6 @@ impl JoinIndex for CpuIndex {
             bytes_to_device: 0,
             gpu_times: Vec::new(),
         })
-    }
-
-    fn memory_size(&self) -> usize {
-        CpuIndex::memory_size(self) + self.workspace_size() * rayon::current_num_threads()
     }
 }
 

@@ -15,6 +15,7 @@ use super::chebyshev::{chebyshev_row, ChebyshevScratch};
 use super::dense_block::{fill_dense_block, Shape};
 use super::folded::{folded_row, FoldedScratch};
 use super::index::{CpuIndex, CpuKernels};
+use super::keep::Keep;
 use super::ranges::Ranges;
 use super::vectors::Vectors;
 use crate::join::{Cancel, PairList, ProbeOptions, Selection, TopK};
@@ -34,8 +35,9 @@ impl<S: Semiring> CpuKernels for S {
         options: ProbeOptions,
         cancel: &Cancel,
         vectors: Vectors,
+        valid: &[bool],
     ) -> Vec<PairList> {
-        probe_with(self, index, left, selection, options, cancel, vectors)
+        probe_with(self, index, left, selection, options, cancel, vectors, valid)
     }
 
     fn dense_block(
@@ -81,11 +83,13 @@ pub(crate) fn probe_parts_with(
     options: ProbeOptions,
     vectors: Vectors,
 ) -> Vec<PairList> {
+    let valid = &index.valid;
     index
         .kernels
-        .probe(index, left, selection, options, &Cancel::new(), vectors)
+        .probe(index, left, selection, options, &Cancel::new(), vectors, valid)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn probe_with<S: Semiring>(
     s: &S,
     index: &CpuIndex,
@@ -94,6 +98,7 @@ fn probe_with<S: Semiring>(
     options: ProbeOptions,
     cancel: &Cancel,
     vectors: Vectors,
+    valid: &[bool],
 ) -> Vec<PairList> {
     let ranges = Ranges::new(left.len(), rayon::current_num_threads());
     let lists = Lists::new(index.rows, selection);
@@ -122,10 +127,13 @@ fn probe_with<S: Semiring>(
                 continue;
             }
             let before = run.pairs.len();
-            let skip = options.excluded_right_row(row, index.rows);
+            let keep = Keep {
+                valid,
+                skip: options.excluded_right_row(row, index.rows),
+            };
             let out = &mut run.pairs;
             let left_row = (left.row(row), row as u32);
-            probe_row(vectors, s, index, left_row, skip, selection, &mut ws, out);
+            probe_row(vectors, s, index, left_row, keep, selection, &mut ws, out);
             lists.found(out.len() - before);
         }
     });
@@ -291,7 +299,7 @@ fn probe_row<S: Semiring>(
     s: &S,
     index: &CpuIndex,
     (row, left_row): ((&[i32], &[f32]), u32),
-    skip: Option<usize>,
+    skip: Keep<'_>,
     selection: Selection,
     ws: &mut Workspace,
     out: &mut PairList,

@@ -10,7 +10,10 @@
 //! - here: the value, the store behind it ([`IndexSource`]: the rows, the metrics served, the
 //!   indexes built or loaded so far, each kept for the next probe).
 
+mod cache;
 mod file;
+mod identity;
+mod kept;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -27,6 +30,10 @@ use datafusion::prelude::SessionContext;
 
 pub use file::FORMAT_VERSION;
 pub(crate) use table::stored_source;
+pub use cache::IndexCache;
+pub(crate) use cache::{task_cache, Lookup};
+pub(crate) use identity::identify;
+pub(crate) use kept::KeptSide;
 pub use table::{IndexScanExec, IndexTable};
 
 use crate::cpu::CpuIndex;
@@ -35,9 +42,11 @@ use crate::join::{
     join_shards, max_chunk_nnz, split_row_ranges, split_rows, Cancel, JoinIndex, PairList,
     ProbeOptions, Probed, Selection,
 };
+use crate::join::{MatrixOut, MatrixRows, RowMask};
 use crate::metric::Metric;
 use crate::options::JoinOptions;
-use crate::planner::{find_vector_column, resolve_device, Device, Side};
+use crate::device::{resolve_device, Device};
+use crate::vector::{find_vector_column, Side};
 use crate::vector::{PendingChecks, SparseBatch, VectorCheck};
 use file::{CpuShards, IndexFile};
 
@@ -101,8 +110,38 @@ impl JoinIndex for SharedCpuIndex {
         self.0.probe_cancellable(left, selection, options, cancel)
     }
 
+    fn probe_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        mask: &RowMask,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        self.0.probe_masked(left, selection, options, mask, cancel)
+    }
+
     fn memory_size(&self) -> usize {
         JoinIndex::memory_size(self.0.as_ref())
+    }
+
+    fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: MatrixRows<'_>,
+        out: MatrixOut<'_>,
+    ) -> Result<()> {
+        self.0.distance_matrix(metric, left, out)
+    }
+
+    fn self_nearest(
+        &self,
+        metric: &Metric,
+        rows: &SparseBatch,
+        k: usize,
+        out: (&mut [f64], &mut [i64]),
+    ) -> Result<bool> {
+        JoinIndex::self_nearest(self.0.as_ref(), metric, rows, k, out)
     }
 }
 
@@ -403,7 +442,7 @@ impl SparseIndex {
     /// on the `device` of `options` (default: the session's, `auto`). `options` is the SQL
     /// options string: `p`, `dim`, `device`, `gpus`, `right_column`, ...
     pub async fn build(right: DataFrame, metrics: &[&str], options: &str) -> Result<Self> {
-        let base = crate::planner::session_options(right.task_ctx().session_config().options())?;
+        let base = crate::options::session_options(right.task_ctx().session_config().options())?;
         let options = base.apply(options)?;
         let schema = Arc::new(right.schema().as_arrow().clone());
         let batches = right.collect().await?;
@@ -558,6 +597,53 @@ impl SparseIndex {
         Ok(index.probe(left, selection, options)?.into_pairs())
     }
 
+    /// Every distance between `left` (None: the stored rows themselves, each pair computed once
+    /// where the backend and metric allow) and the stored rows under `metric`, row-major into
+    /// `out` (`left` rows × [`SparseIndex::rows`] values): for `dot` the dot product, NaN where
+    /// either row is NULL. The backend's own operation ([`JoinIndex::distance_matrix`]): the
+    /// CPU's dense blocks, the GPU's matrix kernel, else a probe within an infinite radius.
+    pub fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: Option<&SparseBatch>,
+        out: &mut [f64],
+    ) -> Result<()> {
+        let (index, _) = self.source.index_for(metric, self.device, &self.gpu)?;
+        let stored;
+        let rows = match left {
+            Some(rows) => MatrixRows::Given(rows),
+            None => {
+                stored = self.stored_rows()?;
+                MatrixRows::Own(&stored)
+            }
+        };
+        let out = MatrixOut::new(out, rows.rows().len(), self.rows())?;
+        index.distance_matrix(metric, rows, out)
+    }
+
+    /// The `k` nearest of every stored row among the stored rows under `metric`, its own pair
+    /// left out, into `distances` / `indices` (`k` a row; see [`JoinIndex::self_nearest`]), where
+    /// the backend answers it bit for bit as a probe would; `Ok(false)`, nothing written, else.
+    pub fn self_nearest(
+        &self,
+        metric: &Metric,
+        k: usize,
+        out: (&mut [f64], &mut [i64]),
+    ) -> Result<bool> {
+        let (index, _) = self.source.index_for(metric, self.device, &self.gpu)?;
+        let rows = self.stored_rows()?;
+        index.self_nearest(metric, &rows, k, out)
+    }
+
+    /// The stored vectors as one batch, as the index was built from them (checked once).
+    fn stored_rows(&self) -> Result<SparseBatch> {
+        let mut pieces = self.source.pieces()?;
+        match pieces.len() {
+            1 => Ok(pieces.pop().expect("one piece")),
+            _ => SparseBatch::concat(&pieces),
+        }
+    }
+
     /// `metric`'s CPU index where it is a single index of every row (held, read or built as a
     /// probe gets it), None on a GPU or where it is in shards: for what a probe does not do
     /// over the whole right side, such as the nearest of its own rows (`cpu::self_nearest`).
@@ -586,7 +672,7 @@ impl SparseIndex {
     }
 
     /// The options that select this index's metric, device and vector column, before `options`.
-    fn join_options(&self, metric: &Metric, options: &str) -> String {
+    pub(crate) fn join_options(&self, metric: &Metric, options: &str) -> String {
         let mut text = format!(
             "device={}, right_column={}",
             self.device, self.source.vector_column
@@ -604,38 +690,13 @@ impl SparseIndex {
         text
     }
 
-    /// For every row of `left`, its `k` nearest rows of the index under its first metric: the
-    /// DataFrame `knn_join` gives (`query_*`, `neighbor_*`, `distance`, `rank`).
-    pub fn knn(&self, left: DataFrame, k: usize, options: &str) -> Result<DataFrame> {
-        let metric = self.source.served[0];
-        let (state, plan) = left.into_parts();
-        let right = DataFrame::new(state.clone(), self.scan_plan()?);
-        let left = DataFrame::new(state, plan);
-        crate::planner::knn_join(
-            left,
-            right,
-            metric.name(),
-            k,
-            &self.join_options(&metric, options),
-        )
+    /// The metric the index serves first (what [`SparseIndex::probe`] and the DataFrame joins
+    /// use).
+    pub fn first_metric(&self) -> Metric {
+        self.source.served[0]
     }
 
-    /// Every pair of a row of `left` and a row of the index within `radius`.
-    pub fn radius(&self, left: DataFrame, radius: f64, options: &str) -> Result<DataFrame> {
-        let metric = self.source.served[0];
-        let (state, plan) = left.into_parts();
-        let right = DataFrame::new(state.clone(), self.scan_plan()?);
-        let left = DataFrame::new(state, plan);
-        crate::planner::radius_join(
-            left,
-            right,
-            metric.name(),
-            radius,
-            &self.join_options(&metric, options),
-        )
-    }
-
-    fn scan_plan(&self) -> Result<datafusion::logical_expr::LogicalPlan> {
+    pub(crate) fn scan_plan(&self) -> Result<datafusion::logical_expr::LogicalPlan> {
         LogicalPlanBuilder::scan("sparse_index", provider_as_source(self.table()), None)?.build()
     }
 }

@@ -5,6 +5,8 @@ use std::time::Duration;
 use datafusion::common::Result;
 
 use super::cancel::Cancel;
+use super::mask::{probe_masked_by_growing, RowMask};
+use super::matrix::{matrix_by_probe, MatrixOut, MatrixRows};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use super::sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
@@ -69,6 +71,22 @@ pub trait JoinIndex: Send + Sync {
         cancel: &Cancel,
     ) -> Result<Probed>;
 
+    /// [`JoinIndex::probe_cancellable`] offering only the right rows `mask` passes (a filtered
+    /// right side over a kept index): the k nearest among them, or those within the radius,
+    /// exactly as an index of those rows alone would answer (right rows keep their numbers).
+    /// By default a probe for more rows, the failing ones dropped ([`probe_masked_by_growing`]);
+    /// a backend that skips them inside its probe overrides this.
+    fn probe_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        mask: &RowMask,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        probe_masked_by_growing(self, left, selection, options, mask, cancel)
+    }
+
     /// Host memory held by the index while it lives, including per-thread probe workspace.
     fn memory_size(&self) -> usize;
 
@@ -80,6 +98,35 @@ pub trait JoinIndex: Send + Sync {
     /// Row ranges of the right side indexed separately (see [`ShardedIndex`]).
     fn shards(&self) -> usize {
         1
+    }
+
+    /// Every distance between the rows of `left` and the right rows, written into `out` (see
+    /// [`MatrixOut`]; for `dot`, a similarity, the dot product), NaN where either row is NULL.
+    /// `metric` is the one the index was built for. A backend that computes the block directly
+    /// overrides this; by default it is a probe within an infinite radius, its pairs placed.
+    fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: MatrixRows<'_>,
+        out: MatrixOut<'_>,
+    ) -> Result<()> {
+        matrix_by_probe(self, metric, left.rows(), out)
+    }
+
+    /// The `k` nearest of each of `rows`, the rows this index was built from (the caller
+    /// vouches; lengths are checked), among themselves, its own pair left out: row r's in
+    /// `distances[r * k..]` and `indices[r * k..]`, nearest first, ties to the earlier row;
+    /// slots not filled (a NULL row, fewer than k other rows) are left as they are. `Ok(false)`,
+    /// nothing written, where the backend has no such shortcut that gives the probe's answer
+    /// bit for bit: probe instead (the default).
+    fn self_nearest(
+        &self,
+        _metric: &Metric,
+        _rows: &SparseBatch,
+        _k: usize,
+        _out: (&mut [f64], &mut [i64]),
+    ) -> Result<bool> {
+        Ok(false)
     }
 }
 

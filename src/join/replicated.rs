@@ -11,7 +11,10 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
+use super::mask::RowMask;
+use super::matrix::{MatrixOut, MatrixRows};
 use super::selection::{ProbeOptions, Selection};
+use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
 /// Left rows a range of a cut probe holds at least: on two H100s, cutting bench's 8,192-row
@@ -172,21 +175,28 @@ impl Drop for Assigned<'_> {
     }
 }
 
-impl JoinIndex for ReplicatedIndex {
-    fn probe_cancellable(
+impl ReplicatedIndex {
+    fn probe_replicas(
         &self,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        mask: Option<&RowMask>,
         cancel: &Cancel,
     ) -> Result<Probed> {
+        let probe = |replica: &dyn JoinIndex, left: &SparseBatch, options: ProbeOptions| {
+            match mask {
+                None => replica.probe_cancellable(left, selection, options, cancel),
+                Some(mask) => replica.probe_masked(left, selection, options, mask, cancel),
+            }
+        };
         if self.replicas.len() == 1 {
-            return self.replicas[0].probe_cancellable(left, selection, options, cancel);
+            return probe(&*self.replicas[0], left, options);
         }
         let work: Vec<u64> = (0..left.len()).map(|r| self.row_work(left, r)).collect();
         let assigned = self.assign(&work);
         if let [replica] = assigned.replicas[..] {
-            return self.replicas[replica].probe_cancellable(left, selection, options, cancel);
+            return probe(&*self.replicas[replica], left, options);
         }
         let results: Vec<Result<Probed>> = std::thread::scope(|scope| {
             let handles: Vec<_> = assigned
@@ -199,12 +209,7 @@ impl JoinIndex for ReplicatedIndex {
                     let (start, end) = (range[0], range[1]);
                     scope.spawn(move || {
                         let part = left.slice(start, end - start);
-                        let mut probed = replica.probe_cancellable(
-                            &part,
-                            selection,
-                            options.shifted(start),
-                            cancel,
-                        )?;
+                        let mut probed = probe(&**replica, &part, options.shifted(start))?;
                         for part in &mut probed.parts {
                             for l in part.left.iter_mut() {
                                 *l += start as u32;
@@ -232,6 +237,83 @@ impl JoinIndex for ReplicatedIndex {
         Ok(out)
     }
 
+}
+
+impl JoinIndex for ReplicatedIndex {
+    fn probe_cancellable(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        self.probe_replicas(left, selection, options, None, cancel)
+    }
+
+    fn probe_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        mask: &RowMask,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        self.probe_replicas(left, selection, options, Some(mask), cancel)
+    }
+
+    /// Consecutive ranges of left rows, one a replica, side by side: each writes rows of its own.
+    fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: MatrixRows<'_>,
+        out: MatrixOut<'_>,
+    ) -> Result<()> {
+        let rows = left.rows();
+        out.check(rows.len())?;
+        let replicas = self.replicas.len().min(rows.len().max(1));
+        if replicas <= 1 {
+            return self.replicas[0].distance_matrix(metric, left, out);
+        }
+        let per = rows.len().div_ceil(replicas);
+        let (stride, columns) = (out.stride, out.columns);
+        let mut rest = &mut out.values[..];
+        let results: Vec<Result<()>> = std::thread::scope(|scope| {
+            let mut handles = Vec::with_capacity(replicas);
+            for (i, replica) in self.replicas.iter().take(replicas).enumerate() {
+                let start = i * per;
+                let count = per.min(rows.len().saturating_sub(start));
+                if count == 0 {
+                    break;
+                }
+                let take = if start + count == rows.len() {
+                    rest.len()
+                } else {
+                    count * stride
+                };
+                let (mine, after) = std::mem::take(&mut rest).split_at_mut(take);
+                rest = after;
+                let part = rows.slice(start, count);
+                handles.push(scope.spawn(move || {
+                    let out = MatrixOut {
+                        values: mine,
+                        stride,
+                        columns,
+                    };
+                    replica.distance_matrix(metric, MatrixRows::Given(&part), out)
+                }));
+            }
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(exec_datafusion_err!("a replica's distance matrix panicked"))
+                    })
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
     /// One replica's host memory: the replicas share their host-side data.
     fn memory_size(&self) -> usize {
         self.replicas[0].memory_size() + self.column_entries.as_ref().map_or(0, |c| c.len() * 4)
@@ -248,9 +330,8 @@ impl JoinIndex for ReplicatedIndex {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::CpuBackend;
-    use crate::join::Backend;
-    use crate::metric::Metric;
+    use crate::join::PairList;
+    use crate::metric::{row_distance, with_semiring, Metric};
     use rand::rngs::StdRng;
     use rand::{Rng, SeedableRng};
     use std::sync::Arc;
@@ -276,6 +357,60 @@ mod tests {
             .collect()
     }
 
+    /// Every pair computed row by row from the metric's definition (`join` builds on no
+    /// backend): the k nearest by (distance, row), or every pair within the radius.
+    struct Brute {
+        right: SparseBatch,
+        metric: Metric,
+    }
+
+    impl JoinIndex for Brute {
+        fn probe_cancellable(
+            &self,
+            left: &SparseBatch,
+            selection: Selection,
+            options: ProbeOptions,
+            _: &Cancel,
+        ) -> Result<Probed> {
+            let mut pairs = PairList::with_capacity(0);
+            for l in 0..left.len() {
+                let skip = options.excluded_right_row(l, self.right.len());
+                let mut row: Vec<(f64, usize)> = (0..self.right.len())
+                    .filter(|&r| Some(r) != skip)
+                    .map(|r| {
+                        let d = with_semiring!(self.metric, s => {
+                            row_distance(&s, left.row(l), self.right.row(r))
+                        });
+                        (d, r)
+                    })
+                    .collect();
+                row.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                match selection {
+                    Selection::Nearest(k) => row.truncate(k),
+                    Selection::Within(radius) => row.retain(|p| p.0 <= radius),
+                }
+                for (d, r) in row {
+                    pairs.push(l as u32, r as u32, d);
+                }
+            }
+            Ok(Probed {
+                parts: vec![pairs],
+                ..Probed::default()
+            })
+        }
+
+        fn memory_size(&self) -> usize {
+            0
+        }
+    }
+
+    fn brute(right: &SparseBatch, metric: &Metric) -> Box<dyn JoinIndex> {
+        Box::new(Brute {
+            right: right.clone(),
+            metric: *metric,
+        })
+    }
+
     #[test]
     fn replicas_answer_as_one_index_and_share_the_work() {
         let mut rng = StdRng::seed_from_u64(7);
@@ -284,15 +419,12 @@ mod tests {
         rows.push(vec![(5_000, 1.0)]);
         let right = SparseBatch::from_rows(rows.iter().map(|r| Some(r.as_slice()))).slice(0, 300);
         let left = random_batch(&mut rng, 257, 60);
-        let backend = CpuBackend;
         for name in ["cosine", "manhattan", "jensenshannon"] {
             let metric = Metric::new(name, None, None).unwrap();
-            let single = backend.build(&right, &metric).unwrap();
+            let single = brute(&right, &metric);
             for replicas in [2, 3] {
                 let mut index = ReplicatedIndex::new(
-                    (0..replicas)
-                        .map(|_| backend.build(&right, &metric).unwrap())
-                        .collect(),
+                    (0..replicas).map(|_| brute(&right, &metric)).collect(),
                     &right,
                 )
                 .unwrap();

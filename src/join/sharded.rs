@@ -9,9 +9,12 @@ use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
+use super::mask::RowMask;
+use super::matrix::{MatrixOut, MatrixRows};
 use super::merge::{merge_nearest, merge_within};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
+use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
 /// The most stored entries one piece of the right side (or one left batch) holds: what 32-bit
@@ -136,6 +139,7 @@ impl ShardedIndex {
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        mask: Option<&RowMask>,
         cancel: &Cancel,
     ) -> Result<Probed> {
         let options = ProbeOptions {
@@ -143,9 +147,17 @@ impl ShardedIndex {
                 .exclude_self_from
                 .map(|first| first - shard.first_row as i64),
         };
-        let mut probed = shard
-            .index
-            .probe_cancellable(left, selection, options, cancel)?;
+        let mut probed = match mask {
+            None => shard
+                .index
+                .probe_cancellable(left, selection, options, cancel)?,
+            Some(mask) => {
+                let mask = mask.slice(shard.first_row, shard.rows);
+                shard
+                    .index
+                    .probe_masked(left, selection, options, &mask, cancel)?
+            }
+        };
         let offset = shard.first_row as u32;
         for part in &mut probed.parts {
             for r in part.right.iter_mut() {
@@ -156,15 +168,16 @@ impl ShardedIndex {
     }
 }
 
-impl JoinIndex for ShardedIndex {
-    fn probe_cancellable(
+impl ShardedIndex {
+    fn probe_shards(
         &self,
         left: &SparseBatch,
         selection: Selection,
         options: ProbeOptions,
+        mask: Option<&RowMask>,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        let probe = |s: &Shard| Self::probe_shard(s, left, selection, options, cancel);
+        let probe = |s: &Shard| Self::probe_shard(s, left, selection, options, mask, cancel);
         let results: Vec<Result<Probed>> = if self.parallel && self.shards.len() > 1 {
             std::thread::scope(|scope| {
                 let handles: Vec<_> = self
@@ -206,9 +219,51 @@ impl JoinIndex for ShardedIndex {
         probed.parts = vec![pairs];
         Ok(probed)
     }
+}
+
+impl JoinIndex for ShardedIndex {
+    fn probe_cancellable(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        self.probe_shards(left, selection, options, None, cancel)
+    }
+
+    /// Each shard probed with its rows of the mask, merged as unmasked probes are.
+    fn probe_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        mask: &RowMask,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        self.probe_shards(left, selection, options, Some(mask), cancel)
+    }
 
     fn memory_size(&self) -> usize {
         self.shards.iter().map(|s| s.index.memory_size()).sum()
+    }
+
+    /// Each shard writes its own columns of the same rows, one shard after another (their
+    /// columns interleave in every row, so they are not handed to threads as slices).
+    fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: MatrixRows<'_>,
+        mut out: MatrixOut<'_>,
+    ) -> Result<()> {
+        let rows = left.rows();
+        out.check(rows.len())?;
+        for s in &self.shards {
+            let part = out.columns(s.first_row, s.rows);
+            s.index
+                .distance_matrix(metric, MatrixRows::Given(rows), part)?;
+        }
+        Ok(())
     }
 
     fn build_bytes_to_device(&self) -> u64 {

@@ -273,7 +273,7 @@ pub const fn is_zero_literal(text: &str) -> bool {
 }
 
 /// Defines a metric once for both backends. See [`super::catalog`] for every metric of the SPEC
-/// and `tests/custom_metric.rs` for one defined outside the crate.
+/// and `tests/it/custom_metric.rs` for one defined outside the crate.
 ///
 /// The formulas bind the names given in the heads (`total(x, prm)`, ...) and may use `let`
 /// bindings before the final expression; all arithmetic is in f64, with the functions of

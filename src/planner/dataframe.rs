@@ -5,8 +5,9 @@ use datafusion::common::Result;
 use datafusion::dataframe::DataFrame;
 
 use super::logical::SparseJoinNode;
+use crate::index::SparseIndex;
 use super::spec::{JoinKind, JoinSpec, OptionsSource};
-use super::sql::session_options;
+use crate::options::session_options;
 
 /// For every row of `left`, its `k` nearest rows of `right` under `metric`.
 ///
@@ -64,4 +65,39 @@ fn join(
         super::with_query_planner(state)
     };
     Ok(DataFrame::new(state, node.into_plan()))
+}
+
+/// The DataFrame joins against a kept index (here, not in `src/index`, which sits below the
+/// planner and builds no plans of joins).
+impl SparseIndex {
+    /// For every row of `left`, its `k` nearest rows of the index under its first metric: the
+    /// DataFrame `knn_join` gives (`query_*`, `neighbor_*`, `distance`, `rank`).
+    pub fn knn(&self, left: DataFrame, k: usize, options: &str) -> Result<DataFrame> {
+        let metric = self.first_metric();
+        let (state, plan) = left.into_parts();
+        let right = DataFrame::new(state.clone(), self.scan_plan()?);
+        let left = DataFrame::new(state, plan);
+        knn_join(
+            left,
+            right,
+            metric.name(),
+            k,
+            &self.join_options(&metric, options),
+        )
+    }
+
+    /// Every pair of a row of `left` and a row of the index within `radius`.
+    pub fn radius(&self, left: DataFrame, radius: f64, options: &str) -> Result<DataFrame> {
+        let metric = self.first_metric();
+        let (state, plan) = left.into_parts();
+        let right = DataFrame::new(state.clone(), self.scan_plan()?);
+        let left = DataFrame::new(state, plan);
+        radius_join(
+            left,
+            right,
+            metric.name(),
+            radius,
+            &self.join_options(&metric, options),
+        )
+    }
 }

@@ -14,6 +14,7 @@
 
 mod dataframe;
 mod exec;
+mod filtered;
 mod gather;
 mod logical;
 mod shard;
@@ -35,17 +36,21 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
-pub use exec::{poll_inputs_in_place, IndexCache, SparseJoinExec};
+pub use exec::{poll_inputs_in_place, SparseJoinExec};
 pub use gather::{gather, gathered, in_file_order, GatherExec};
+use filtered::filtered_right;
 pub use logical::SparseJoinNode;
 pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};
 pub use source::is_object_store_url;
 pub use spec::{
-    find_vector_column, resolve_device, Device, JoinKind, JoinSpec, Layout, OptionsSource, Side,
+    JoinKind, JoinSpec, Layout, OptionsSource,
     DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
 };
-pub(crate) use sql::session_options;
 pub use sql::SparseJoinRelationPlanner;
+// The device and the vector column, which the planner resolves, for embedders that name them
+// here.
+pub use crate::device::{resolve_device, Device};
+pub use crate::vector::{find_vector_column, Side};
 pub use udtf::SparseJoinFunction;
 
 /// Registers `knn_join` and `radius_join` on a session: the SQL relation planner, the physical
@@ -106,17 +111,29 @@ pub struct SparseJoinPlanner;
 impl ExtensionPlanner for SparseJoinPlanner {
     async fn plan_extension(
         &self,
-        _planner: &dyn PhysicalPlanner,
+        planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
         _logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
-        _session: &dyn Session,
+        session: &dyn Session,
         _planning_ctx: &datafusion::logical_expr::physical_planning_context::PhysicalPlanningContext,
     ) -> Result<Option<Arc<dyn ExecutionPlan>>> {
         let Some(node) = node.as_any().downcast_ref::<SparseJoinNode>() else {
             return Ok(None);
         };
         let device = resolve_device(node.spec.function_name(), node.spec.options.device)?;
+        let right = &physical_inputs[1];
+        if let Some(filtered) = filtered_right(node, planner, session, right).await? {
+            return Ok(Some(Arc::new(SparseJoinExec::try_new_masked(
+                Arc::clone(&node.spec),
+                device,
+                Arc::clone(&physical_inputs[0]),
+                filtered.right,
+                Some(filtered.mask),
+                &node.left_vector,
+                &node.right_vector,
+            )?)));
+        }
         let plan = if node.spec.options.right_shards > 1 {
             plan_sharded
         } else {

@@ -48,7 +48,8 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::exec::SparseJoinExec;
 use super::gather::{gather, one_input_plan, properties};
-use super::spec::{Device, JoinKind, JoinSpec, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN};
+use super::spec::{JoinKind, JoinSpec, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN};
+use crate::device::Device;
 
 /// The hidden row-id column added to both inputs of a sharded join.
 pub const ROW_ID: &str = "__sknn_row";

@@ -11,8 +11,8 @@ use datafusion::common::{plan_err, Result};
 
 use crate::join::Selection;
 use crate::metric::Metric;
-use crate::options::{DeviceChoice, JoinOptions, SparseKnnConfig};
-use crate::vector::{is_sparse_vector_type, VectorCheck};
+use crate::options::{JoinOptions, SparseKnnConfig};
+use crate::vector::{find_vector_column, Side, VectorCheck};
 
 /// Output column holding the distance of each pair.
 pub const DISTANCE_COLUMN: &str = "distance";
@@ -209,125 +209,6 @@ impl fmt::Display for JoinSpec {
     }
 }
 
-/// Which input a column belongs to, for messages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Side {
-    Left,
-    Right,
-}
-
-impl Side {
-    fn name(self) -> &'static str {
-        match self {
-            Side::Left => "left",
-            Side::Right => "right",
-        }
-    }
-
-    fn option(self) -> &'static str {
-        match self {
-            Side::Left => "left_column",
-            Side::Right => "right_column",
-        }
-    }
-
-    fn prefix(self) -> &'static str {
-        match self {
-            Side::Left => QUERY_PREFIX,
-            Side::Right => NEIGHBOR_PREFIX,
-        }
-    }
-}
-
-fn is_sparse_shaped(t: &DataType) -> bool {
-    matches!(t, DataType::Struct(_) | DataType::Map(_, _))
-}
-
-/// Finds the vector column of one input: the `left_column`/`right_column` option when given,
-/// else the one column of an accepted vector type. When several columns qualify and exactly one
-/// of them is sparse-shaped (struct or map; the others being dense lists), that one is taken.
-pub fn find_vector_column(
-    function: &str,
-    side: Side,
-    schema: &Schema,
-    chosen: Option<&str>,
-) -> Result<usize> {
-    let candidates: Vec<usize> = (0..schema.fields().len())
-        .filter(|&i| is_sparse_vector_type(schema.field(i).data_type()))
-        .collect();
-    let names = |idx: &[usize]| -> String {
-        if idx.is_empty() {
-            "none".to_string()
-        } else {
-            idx.iter()
-                .map(|&i| format!("'{}'", schema.field(i).name()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        }
-    };
-    if let Some(name) = chosen {
-        let found = schema
-            .fields()
-            .iter()
-            .position(|f| f.name() == name)
-            .or_else(|| {
-                schema
-                    .fields()
-                    .iter()
-                    .position(|f| f.name().eq_ignore_ascii_case(name))
-            });
-        return match found {
-            Some(i) if candidates.contains(&i) => Ok(i),
-            Some(i) => plan_err!(
-                "{function}: option {}='{name}': column of type {} is not a sparse vector; \
-                 sparse vector columns of the {} input: {}",
-                side.option(),
-                schema.field(i).data_type(),
-                side.name(),
-                names(&candidates)
-            ),
-            None => plan_err!(
-                "{function}: option {}='{name}': no such column in the {} input; \
-                 sparse vector columns there: {}",
-                side.option(),
-                side.name(),
-                names(&candidates)
-            ),
-        };
-    }
-    match candidates.as_slice() {
-        [one] => Ok(*one),
-        [] => plan_err!(
-            "{function}: the {} input has no sparse vector column (expected \
-             Struct{{indices: List<Int32>, values: List<Float32>}}, a Map<Int32, Float32> or a \
-             dense List<Float32>); its columns: {}",
-            side.name(),
-            schema
-                .fields()
-                .iter()
-                .map(|f| format!("{} {}", f.name(), f.data_type()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        many => {
-            let sparse: Vec<usize> = many
-                .iter()
-                .copied()
-                .filter(|&i| is_sparse_shaped(schema.field(i).data_type()))
-                .collect();
-            if let [one] = sparse.as_slice() {
-                return Ok(*one);
-            }
-            plan_err!(
-                "{function}: the {} input has several sparse vector columns ({}); pick one with \
-                 the option {}=<name>",
-                side.name(),
-                names(many),
-                side.option()
-            )
-        }
-    }
-}
 
 /// How the two inputs' columns become the output columns.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -393,7 +274,7 @@ impl Layout {
         let renamed = |side: Side, f: &FieldRef| -> Field {
             f.as_ref()
                 .clone()
-                .with_name(format!("{}{}", side.prefix(), f.name()))
+                .with_name(format!("{}{}", column_prefix(side), f.name()))
         };
         let mut fields: Vec<Field> = self
             .left_others
@@ -434,45 +315,11 @@ impl Layout {
     }
 }
 
-/// Where a planned operator runs, once `auto` is resolved.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Device {
-    Cpu,
-    Gpu,
-}
 
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Device::Cpu => "cpu",
-            Device::Gpu => "gpu",
-        })
-    }
-}
-
-/// Resolves the `device` option against the machine.
-pub fn resolve_device(function: &str, choice: DeviceChoice) -> Result<Device> {
-    match choice {
-        DeviceChoice::Cpu => Ok(Device::Cpu),
-        // Only whether a CUDA driver can be loaded: initialising it and opening the contexts
-        // (0.1-0.5 s on the machines measured, more with more GPUs) is the join's warm-up,
-        // while its right side is read; a driver without a usable device fails the build with
-        // the driver's reason.
-        DeviceChoice::Gpu if crate::gpu::has_driver() => Ok(Device::Gpu),
-        DeviceChoice::Gpu => plan_err!(
-            "{function}: device=gpu but no CUDA GPU was found: {}; use device=cpu, or device=auto \
-             to fall back to the CPU",
-            crate::gpu::describe()
-        ),
-        DeviceChoice::Auto => {
-            let device = match crate::gpu::auto_fallback_reason() {
-                None => Device::Gpu,
-                Some(reason) => {
-                    log::info!("{function}: device=auto runs on the CPU: {reason}");
-                    Device::Cpu
-                }
-            };
-            Ok(device)
-        }
+/// The prefix of an input's columns in the join's output.
+fn column_prefix(side: Side) -> &'static str {
+    match side {
+        Side::Left => QUERY_PREFIX,
+        Side::Right => NEIGHBOR_PREFIX,
     }
 }

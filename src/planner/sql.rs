@@ -21,7 +21,7 @@ use datafusion::sql::sqlparser::ast::{
 use super::logical::SparseJoinNode;
 use super::source::{looks_like_path, path_table};
 use super::spec::{JoinKind, JoinSpec, OptionsSource};
-use crate::options::{JoinOptions, SparseKnnConfig};
+use crate::options::session_options;
 
 /// Plans the table-factor calls `knn_join(...)` and `radius_join(...)`; every other relation is
 /// left to the next planner.
@@ -152,15 +152,6 @@ impl Function {
     }
 }
 
-/// The session's defaults for the options (the `sparse_knn.*` settings, when registered).
-pub(crate) fn session_options(
-    config: &datafusion::common::config::ConfigOptions,
-) -> Result<JoinOptions> {
-    match config.extensions.get::<SparseKnnConfig>() {
-        Some(c) => JoinOptions::from_config(c),
-        None => Ok(JoinOptions::default()),
-    }
-}
 
 /// Folds a planned argument to a constant (literals, negated literals, casts of literals).
 pub(crate) fn constant(expr: &Expr) -> Option<ScalarValue> {

@@ -21,8 +21,10 @@ use datafusion::physical_plan::ExecutionPlan;
 
 use super::exec::SparseJoinExec;
 use super::source::{looks_like_path, path_table};
-use super::spec::{resolve_device, Device, JoinSpec, Layout, OptionsSource};
-use super::sql::{constant, session_options, string_of, Function};
+use super::spec::{JoinSpec, Layout, OptionsSource};
+use crate::device::{resolve_device, Device};
+use super::sql::{constant, string_of, Function};
+use crate::options::session_options;
 
 /// `knn_join` or `radius_join` as a [`TableFunctionImpl`].
 #[derive(Debug)]

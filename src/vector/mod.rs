@@ -3,9 +3,11 @@
 //! Every accepted input is converted once into a [`SparseBatch`], whose row pointer is the Arrow
 //! list offsets of the canonical type, so a batch reaches either backend without reshaping.
 
+mod column;
 mod convert;
 mod validate;
 
+pub use column::{find_vector_column, Side};
 pub use convert::{is_sparse_vector_type, sparse_vector_field, sparse_vector_type};
 pub use validate::VectorCheck;
 

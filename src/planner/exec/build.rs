@@ -6,11 +6,11 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::RecordBatch;
+use arrow::array::{Array, RecordBatch};
 use arrow::compute::concat_batches;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_err, DataFusionError, Result};
-use datafusion::execution::memory_pool::{MemoryConsumer, MemoryReservation};
+use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
@@ -19,32 +19,18 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::future::{BoxFuture, FutureExt};
 use futures::StreamExt;
 
-use super::cache::{task_cache, Lookup};
-use super::identity::identify;
 use super::{inputs_on_own_tasks, key_column};
 use crate::cpu::CpuBackend;
 use crate::gpu::{GpuBackend, GpuOptions};
 use crate::join::{max_chunk_nnz, Backend, JoinIndex, KeyGroups};
 use crate::options::ExcludeSelf;
-use crate::planner::spec::{Device, JoinSpec, Layout};
+use super::Probing;
+use crate::index::{identify, task_cache, KeptSide, Lookup};
+use crate::join::RowMask;
+use crate::device::Device;
+use crate::planner::spec::{JoinSpec, Layout};
 use crate::vector::SparseBatch;
 
-/// The right side, ready to probe.
-pub(super) struct BuildSide {
-    pub(super) index: Arc<dyn JoinIndex>,
-    pub(super) rows: usize,
-    /// The right input itself, when the operator probes it against itself (exclude_self=true):
-    /// its batches as read (not concatenated: their list offsets may not fit one batch).
-    pub(super) input: Option<Vec<RecordBatch>>,
-    /// `exclude_self=COLUMN`: the right rows' key groups.
-    pub(super) key_groups: Option<KeyGroups>,
-    /// The right input's other columns, all rows in order.
-    pub(super) others: RecordBatch,
-    /// Host bytes held (reserved in the pool) and bytes copied to devices: what a cached side
-    /// counts against the cache's bound.
-    pub(super) bytes: usize,
-    pub(super) _reservation: Arc<MemoryReservation>,
-}
 
 /// What the blocking build task hands back: the index, the key groups, the right input itself
 /// (when kept), the right side's other columns, the index's memory, the bytes it copied to a device, and the right side's row count.
@@ -89,6 +75,8 @@ pub(super) struct BuildMetrics {
     pub(super) built: Count,
     pub(super) reused: Count,
     pub(super) loaded: Count,
+    /// A filtered right side over a kept index: the rows its filter passed.
+    pub(super) rows_passed: Count,
 }
 
 impl BuildMetrics {
@@ -103,6 +91,7 @@ impl BuildMetrics {
             built: MetricBuilder::new(metrics).global_counter("index_built"),
             reused: MetricBuilder::new(metrics).global_counter("index_reused"),
             loaded: MetricBuilder::new(metrics).global_counter("index_loaded"),
+            rows_passed: MetricBuilder::new(metrics).global_counter("rows_passed"),
         }
     }
 }
@@ -116,6 +105,8 @@ pub(super) struct BuildJob {
     pub(super) spec: Arc<JoinSpec>,
     pub(super) device: Device,
     pub(super) right: Arc<dyn ExecutionPlan>,
+    /// The filter's mask plan of a filtered right side (see `SparseJoinExec`).
+    pub(super) right_mask: Option<Arc<dyn ExecutionPlan>>,
     pub(super) layout: Layout,
     pub(super) context: Arc<TaskContext>,
     pub(super) metrics: BuildMetrics,
@@ -124,13 +115,29 @@ pub(super) struct BuildJob {
 impl BuildJob {
     /// The right side from the index cache when it holds one of the same identity, else built
     /// (and kept there when the session has a cache).
-    pub(super) async fn run(mut self) -> Result<Arc<BuildSide>> {
+    pub(super) async fn run(mut self) -> Result<Arc<Probing>> {
+        let mask_plan = self.right_mask.take();
+        let (context, name) = (Arc::clone(&self.context), self.name);
+        let passed = self.metrics.rows_passed.clone();
+        let side = self.kept_side().await?;
+        let mask = match mask_plan {
+            None => None,
+            Some(plan) => {
+                let mask = read_mask(plan, &context, side.rows, name).await?;
+                passed.add(mask.passing());
+                Some(mask)
+            }
+        };
+        Ok(Arc::new(Probing { side, mask }))
+    }
+
+    async fn kept_side(&mut self) -> Result<Arc<KeptSide>> {
         let cache = task_cache(&self.context, self.spec.options.index_cache);
         let identity = match &cache {
             Some(_) => identify(&self.right, &self.context, self.index_shape()).await?,
             None => None,
         };
-        let (Some((cache, capacity)), Some(identity)) = (cache, identity) else {
+        let (Some((cache, bound)), Some(identity)) = (cache, identity) else {
             return self.build().await.map(Arc::new);
         };
         loop {
@@ -152,13 +159,13 @@ impl BuildJob {
                 Lookup::Build(claim) => claim,
             };
             let side = Arc::new(self.build().await?);
-            claim.finish(&side, identity.pinned, capacity);
+            claim.finish(&side, identity.pinned, bound);
             return Ok(side);
         }
     }
 
     /// A side taken from the cache: counted, and the left read-ahead let go.
-    fn reused(&mut self, side: Arc<BuildSide>) -> Arc<BuildSide> {
+    fn reused(&mut self, side: Arc<KeptSide>) -> Arc<KeptSide> {
         log::debug!(
             "{}: the right side's index reused from the cache",
             self.name
@@ -219,7 +226,7 @@ impl BuildJob {
         Ok(Some(index))
     }
 
-    async fn build(&mut self) -> Result<BuildSide> {
+    async fn build(&mut self) -> Result<KeptSide> {
         let stored = self.stored_index().await?;
         if stored.is_none() {
             self.metrics.built.add(1);
@@ -437,13 +444,14 @@ impl BuildJob {
             "{name}: built the right side ({rows} rows) on the {device} in {:?}",
             started.elapsed()
         );
-        Ok(BuildSide {
+        Ok(KeptSide {
             index,
             rows,
             input,
             key_groups,
             others,
-            bytes: retained + bytes as usize,
+            host_bytes: retained,
+            device_bytes: bytes as usize,
             _reservation: reservation,
         })
     }
@@ -460,4 +468,36 @@ impl BuildJob {
             e => e,
         }
     }
+}
+
+/// The rows of a filtered right side's unfiltered input that its filter passes: the mask plan's
+/// one Boolean column read whole, in the right input's order (a NULL does not pass). Evaluated
+/// for every statement, over the columns the predicate reads; the index is the kept one.
+async fn read_mask(
+    plan: Arc<dyn ExecutionPlan>,
+    context: &Arc<TaskContext>,
+    rows: usize,
+    name: &str,
+) -> Result<RowMask> {
+    let in_order = crate::planner::gather::in_file_order(context);
+    let batches = datafusion::physical_plan::collect(plan, in_order).await?;
+    let mut pass = Vec::with_capacity(rows);
+    for batch in &batches {
+        let Some(column) = batch
+            .columns()
+            .first()
+            .and_then(|c| c.as_any().downcast_ref::<arrow::array::BooleanArray>())
+        else {
+            return exec_err!("{name}: the right side's filter did not give a Boolean column");
+        };
+        pass.extend((0..column.len()).map(|i| column.is_valid(i) && column.value(i)));
+    }
+    if pass.len() != rows {
+        return exec_err!(
+            "{name}: the right side's filter read {} rows where its index holds {rows}; the \
+             source changed while the statement ran: run it again",
+            pass.len()
+        );
+    }
+    Ok(RowMask::new(pass))
 }

@@ -39,19 +39,19 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use futures::{StreamExt, TryStreamExt};
 
 use super::logical::exclusion_column;
-use super::spec::{Device, JoinKind, JoinSpec, Layout};
+use super::spec::{JoinKind, JoinSpec, Layout};
+use crate::device::Device;
 use crate::join::{Cancel, CancelOnDrop};
 use crate::options::{DeviceChoice, ExcludeSelf};
 
 mod build;
-mod cache;
-mod identity;
 mod output;
 mod probe;
 mod stream;
 
-use build::{BuildJob, BuildMetrics, BuildSide};
-pub use cache::IndexCache;
+use build::{BuildJob, BuildMetrics};
+use crate::index::KeptSide;
+use crate::join::RowMask;
 use probe::ProbeJob;
 
 /// Pairs one probe may produce at most: a left batch is probed in slices of rows whose pairs
@@ -85,7 +85,22 @@ const LEFT_READ_AHEAD: usize = 4;
 const PROBES_IN_FLIGHT: usize = 2;
 
 type SharedBuild =
-    Shared<BoxFuture<'static, std::result::Result<Arc<BuildSide>, Arc<DataFusionError>>>>;
+    Shared<BoxFuture<'static, std::result::Result<Arc<Probing>, Arc<DataFusionError>>>>;
+
+/// What a statement probes: the kept side (built, or taken from the cache or an index file)
+/// and, for a filtered right side over it, the rows the filter passes.
+pub(super) struct Probing {
+    pub(super) side: Arc<KeptSide>,
+    pub(super) mask: Option<RowMask>,
+}
+
+impl std::ops::Deref for Probing {
+    type Target = KeptSide;
+
+    fn deref(&self) -> &KeptSide {
+        &self.side
+    }
+}
 
 /// Resolves once the right side is read (or its build is over, read or not).
 type RightRead = Shared<futures::channel::oneshot::Receiver<()>>;
@@ -96,6 +111,10 @@ pub struct SparseJoinExec {
     device: Device,
     left: Arc<dyn ExecutionPlan>,
     right: Arc<dyn ExecutionPlan>,
+    /// A filtered right side over a kept index (`planner/filtered.rs`): one Boolean column, a
+    /// row of the unfiltered right input each, read in the right input's order. `right` is
+    /// then the unfiltered input, whose index is built once and kept.
+    right_mask: Option<Arc<dyn ExecutionPlan>>,
     layout: Layout,
     schema: SchemaRef,
     /// The right side, built by whichever output partition asks first and shared by all.
@@ -125,8 +144,23 @@ impl SparseJoinExec {
         left_vector: &str,
         right_vector: &str,
     ) -> Result<Self> {
+        Self::try_new_masked(spec, device, left, right, None, left_vector, right_vector)
+    }
+
+    /// [`SparseJoinExec::try_new`] over an unfiltered right input whose rows `right_mask`
+    /// passes or not (see `planner/filtered.rs`).
+    pub fn try_new_masked(
+        spec: Arc<JoinSpec>,
+        device: Device,
+        left: Arc<dyn ExecutionPlan>,
+        right: Arc<dyn ExecutionPlan>,
+        right_mask: Option<Arc<dyn ExecutionPlan>>,
+        left_vector: &str,
+        right_vector: &str,
+    ) -> Result<Self> {
         // Inputs read whole, as one partition in partition order (see `gather::gather`).
         let right = super::gather::gather(right);
+        let right_mask = right_mask.map(super::gather::gather);
         let left = if spec.options.exclude_self.by_identity() {
             super::gather::gather(left)
         } else {
@@ -156,6 +190,7 @@ impl SparseJoinExec {
             device,
             left,
             right,
+            right_mask,
             layout,
             schema,
             build: Mutex::new(None),
@@ -180,6 +215,11 @@ impl SparseJoinExec {
         &self.right
     }
 
+    /// The filter's mask of a filtered right side over a kept index.
+    pub fn right_mask(&self) -> Option<&Arc<dyn ExecutionPlan>> {
+        self.right_mask.as_ref()
+    }
+
     fn display_name(&self) -> &'static str {
         match self.spec.kind {
             JoinKind::Knn { .. } => "KnnJoinExec",
@@ -195,12 +235,14 @@ impl SparseJoinExec {
         &self,
         left: Arc<dyn ExecutionPlan>,
         right: Arc<dyn ExecutionPlan>,
+        right_mask: Option<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
-        Self::try_new(
+        Self::try_new_masked(
             Arc::clone(&self.spec),
             self.device,
             left,
             right,
+            right_mask,
             &Self::vector_name(&self.left, self.layout.left_vector),
             &Self::vector_name(&self.right, self.layout.right_vector),
         )
@@ -227,6 +269,7 @@ impl SparseJoinExec {
             spec: Arc::clone(&self.spec),
             device: self.device,
             right: Arc::clone(&self.right),
+            right_mask: self.right_mask.clone(),
             layout: self.layout.clone(),
             context: Arc::clone(context),
             metrics: BuildMetrics::new(&self.metrics),
@@ -343,7 +386,9 @@ impl ExecutionPlan for SparseJoinExec {
     }
 
     fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
-        vec![&self.left, &self.right]
+        let mut children = vec![&self.left, &self.right];
+        children.extend(self.right_mask.as_ref());
+        children
     }
 
     fn apply_expressions(
@@ -357,22 +402,25 @@ impl ExecutionPlan for SparseJoinExec {
         self: Arc<Self>,
         mut children: Vec<Arc<dyn ExecutionPlan>>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
-        if children.len() != 2 {
+        let wanted = 2 + usize::from(self.right_mask.is_some());
+        if children.len() != wanted {
             return internal_err!(
-                "{} takes two children, got {}",
+                "{} takes {wanted} children, got {}",
                 self.display_name(),
                 children.len()
             );
         }
+        let mask = (wanted == 3).then(|| children.pop().expect("three children"));
         let right = children.pop().expect("two children");
         let left = children.pop().expect("two children");
-        Ok(Arc::new(self.with_children(left, right)?))
+        Ok(Arc::new(self.with_children(left, right, mask)?))
     }
 
     fn reset_state(self: Arc<Self>) -> Result<Arc<dyn ExecutionPlan>> {
         Ok(Arc::new(self.with_children(
             Arc::clone(&self.left),
             Arc::clone(&self.right),
+            self.right_mask.clone(),
         )?))
     }
 
@@ -389,19 +437,21 @@ impl ExecutionPlan for SparseJoinExec {
                 Distribution::UnspecifiedDistribution
             }
         };
-        vec![
+        let mut wanted = vec![
             whole(self.spec.options.exclude_self.by_identity()),
             whole(true),
-        ]
+        ];
+        wanted.extend(self.right_mask.as_ref().map(|_| whole(true)));
+        wanted
     }
 
     fn benefits_from_input_partitioning(&self) -> Vec<bool> {
         // The probe already uses every core per batch.
-        vec![false, false]
+        vec![false; self.children().len()]
     }
 
     fn maintains_input_order(&self) -> Vec<bool> {
-        vec![false, false]
+        vec![false; self.children().len()]
     }
 
     fn metrics(&self) -> Option<MetricsSet> {

@@ -9,14 +9,14 @@ use arrow::array::{
 use arrow::compute::take;
 use datafusion::common::Result;
 
-use super::build::BuildSide;
+use crate::index::KeptSide;
 use super::probe::ProbeJob;
 use crate::join::PairList;
 
 impl ProbeJob {
     pub(super) fn assemble(
         &self,
-        build: &BuildSide,
+        build: &KeptSide,
         batch: &RecordBatch,
         pairs: PairList,
     ) -> Result<RecordBatch> {

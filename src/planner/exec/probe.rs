@@ -13,7 +13,7 @@ use datafusion::physical_plan::metrics::{
     BaselineMetrics, Count, ExecutionPlanMetricsSet, MetricBuilder, Time,
 };
 
-use super::build::BuildSide;
+use super::Probing;
 use crate::join::{max_chunk_nnz, Cancel, PairList, ProbeOptions, Probed};
 use crate::planner::spec::{JoinSpec, Layout};
 use crate::vector::SparseBatch;
@@ -57,7 +57,7 @@ impl ProbeJob {
 
     pub(super) async fn run(
         &self,
-        build: Arc<BuildSide>,
+        build: Arc<Probing>,
         batch: RecordBatch,
         first_row: u64,
         exclude_self: bool,
@@ -90,9 +90,11 @@ impl ProbeJob {
                 let options = ProbeOptions {
                     exclude_self_from: exclude_self.then_some((first_row + offset as u64) as i64),
                 };
-                let mut piece = probe_build
-                    .index
-                    .probe_cancellable(left, selection, options, &cancel)?;
+                let index = &probe_build.index;
+                let mut piece = match &probe_build.mask {
+                    Some(mask) => index.probe_masked(left, selection, options, mask, &cancel)?,
+                    None => index.probe_cancellable(left, selection, options, &cancel)?,
+                };
                 for part in &mut piece.parts {
                     for l in part.left.iter_mut() {
                         *l += offset as u32;

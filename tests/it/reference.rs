@@ -2,9 +2,9 @@
 //! against scipy figures for 40 rows of the UCI KOS bag of words (tests/fixtures/kos_scipy.txt):
 //! `Metric::distance` row by row, and `cpu::probe` kNN and radius results against brute force.
 
-mod common;
+use crate::common;
 
-use common::{batch, random_rows, reference, rng, show, tolerance_ok, GenOptions, Row};
+use crate::common::{batch, random_rows, reference, rng, show, tolerance_ok, GenOptions, Row};
 use datafusion_sparse_knn::cpu::{probe, CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::metric::{Metric, MetricKind, METRIC_NAMES};
 

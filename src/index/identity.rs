@@ -50,7 +50,7 @@ pub struct IndexKey {
 }
 
 /// An identity and the in-memory batches it names (held by the cache entry).
-pub(super) struct InputIdentity {
+pub(crate) struct InputIdentity {
     pub key: IndexKey,
     pub pinned: Vec<RecordBatch>,
 }
@@ -66,7 +66,7 @@ struct Leaves {
 /// The identity of `plan` read for an index shaped by `build`; None when the plan reads
 /// something whose changes cannot be seen (a stream, a volatile function, a source of unknown
 /// kind) or a file that cannot be looked up: such a right side is always built.
-pub(super) async fn identify(
+pub(crate) async fn identify(
     plan: &Arc<dyn ExecutionPlan>,
     context: &TaskContext,
     build: String,
@@ -139,7 +139,7 @@ fn walk(plan: &Arc<dyn ExecutionPlan>, leaves: &mut Leaves) -> Result<()> {
     })?;
     let children = plan.children();
     if children.is_empty() {
-        if let Some(scan) = plan.downcast_ref::<crate::index::IndexScanExec>() {
+        if let Some(scan) = plan.downcast_ref::<super::IndexScanExec>() {
             // An index file is known by its stamp like any file; an index value in memory holds
             // its own indexes, which a cache entry would only copy.
             match scan

@@ -6,7 +6,6 @@
 //! (proptest was weighed: its features re-resolve num-traits for the whole dependency graph, so
 //! the tests would rebuild Arrow and DataFusion apart from the CLI; seeded cases cost no build.)
 
-mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,7 +15,7 @@ use arrow::array::{
     ListBuilder, MapBuilder, RecordBatch, StructArray, UInt32Builder,
 };
 use arrow::datatypes::{DataType, Field, Fields, Schema};
-use common::{reference, tolerance_ok};
+use crate::common::{reference, tolerance_ok};
 use datafusion::datasource::MemTable;
 use datafusion_sparse_knn::cpu::{probe, CpuIndex, ProbeOptions, Selection};
 use datafusion_sparse_knn::metric::{Metric, MetricKind};

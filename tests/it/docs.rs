@@ -223,7 +223,7 @@ fn rust_examples_in_the_docs_are_the_ones_tested_here() {
             let here = source.windows(lines.len()).any(|w| w == lines.as_slice());
             assert!(
                 here,
-                "{}:{}: this rust block is not in tests/docs.rs, so nothing runs it:\n{}",
+                "{}:{}: this rust block is not in tests/it/docs.rs, so nothing runs it:\n{}",
                 file.display(),
                 block.line,
                 block.text

@@ -16,9 +16,8 @@ use datafusion_sparse_knn::{planner, SparseBatch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-mod common;
 
-use common::pairs;
+use crate::common::pairs;
 
 const DIM: i32 = 40;
 

@@ -10,6 +10,12 @@
 //! when the pool is unbounded; 0 turns it off), and evicts the least recently used side first.
 //! A side in use by a running statement lives until that statement ends, evicted or not.
 //!
+//! The default bound fits the machine: host bytes within a quarter of a finite memory pool, or
+//! half the physical memory when the pool is unbounded; GPU-resident sides' device bytes within
+//! the devices' memory that a side's build found (a side's build fails or streams when the
+//! device is full; the cache never holds more than the devices have). A bound that is set
+//! (`SET sparse_knn.index_cache = '8GiB'`) counts host and device bytes together.
+//!
 //! Statements that ask for a side while another builds it wait for that build instead of
 //! building their own (the tasks of one query on a cluster executor start together): a right
 //! side is built once per cache.
@@ -22,11 +28,44 @@ use datafusion::execution::TaskContext;
 use futures::channel::oneshot;
 use futures::future::{FutureExt, Shared};
 
-use super::build::BuildSide;
 use super::identity::IndexKey;
+use super::kept::KeptSide;
 
-/// The default bound when the memory pool is unbounded.
+/// The default host bound when physical memory cannot be read and the pool is unbounded.
 const UNBOUNDED_POOL_DEFAULT: usize = 2 << 30;
+
+/// What the cache may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bound {
+    /// `sparse_knn.index_cache` set: host and device bytes together.
+    Set(usize),
+    /// The default: host bytes and device bytes each within their own bound.
+    Machine { host: usize, device: usize },
+}
+
+impl Bound {
+    fn fits(&self, host: usize, device: usize) -> bool {
+        match *self {
+            Bound::Set(bytes) => host.saturating_add(device) <= bytes,
+            Bound::Machine {
+                host: host_bound,
+                device: device_bound,
+            } => host <= host_bound && device <= device_bound,
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        match *self {
+            Bound::Set(bytes) => format!("sparse_knn.index_cache ({:.1} MiB)", mib(bytes)),
+            Bound::Machine { host, device } => format!(
+                "the default bound ({:.1} MiB of host memory, {:.1} MiB of device memory)",
+                mib(host),
+                mib(device)
+            ),
+        }
+    }
+}
 
 /// Built right sides kept across statements (see the module's documentation).
 #[derive(Default)]
@@ -46,7 +85,7 @@ impl std::fmt::Debug for IndexCache {
 
 /// Resolves when a build in flight is over: with its side, or None when it failed or was
 /// dropped (the waiter then builds its own).
-type InFlight = Shared<oneshot::Receiver<Option<Arc<BuildSide>>>>;
+type InFlight = Shared<oneshot::Receiver<Option<Arc<KeptSide>>>>;
 
 #[derive(Default)]
 struct State {
@@ -58,8 +97,8 @@ struct State {
 }
 
 /// What a lookup found.
-pub(super) enum Lookup {
-    Hit(Arc<BuildSide>),
+pub(crate) enum Lookup {
+    Hit(Arc<KeptSide>),
     /// Another statement builds this side: wait for it.
     Wait(InFlight),
     /// Build it, then [`Claim::finish`].
@@ -67,27 +106,17 @@ pub(super) enum Lookup {
 }
 
 /// The right to build a side that others may wait for; dropped unfinished, it lets them build.
-pub(super) struct Claim {
+pub(crate) struct Claim {
     cache: Arc<IndexCache>,
     key: IndexKey,
-    done: Option<oneshot::Sender<Option<Arc<BuildSide>>>>,
+    done: Option<oneshot::Sender<Option<Arc<KeptSide>>>>,
 }
 
 impl Claim {
-    /// Keeps `side` (within `capacity`) and hands it to those waiting.
-    pub(super) fn finish(
-        mut self,
-        side: &Arc<BuildSide>,
-        pinned: Vec<RecordBatch>,
-        capacity: usize,
-    ) {
-        self.cache.insert(
-            self.key.clone(),
-            Arc::clone(side),
-            side.bytes,
-            pinned,
-            capacity,
-        );
+    /// Keeps `side` (within `bound`) and hands it to those waiting.
+    pub(crate) fn finish(mut self, side: &Arc<KeptSide>, pinned: Vec<RecordBatch>, bound: Bound) {
+        self.cache
+            .insert(self.key.clone(), Arc::clone(side), pinned, bound);
         if let Some(done) = self.done.take() {
             let _ = done.send(Some(Arc::clone(side)));
         }
@@ -106,20 +135,30 @@ impl Drop for Claim {
 
 impl State {
     fn bytes(&self) -> usize {
-        self.entries.iter().map(|e| e.bytes).sum()
+        self.host_bytes() + self.device_bytes()
     }
 
-    /// Evicts the least recently used sides until the rest take at most `limit` bytes.
-    fn evict_to(&mut self, limit: usize) {
-        while self.bytes() > limit {
+    fn host_bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.side.host_bytes).sum()
+    }
+
+    fn device_bytes(&self) -> usize {
+        self.entries.iter().map(|e| e.side.device_bytes).sum()
+    }
+
+    /// Evicts the least recently used sides until the rest and `extra` more bytes (host,
+    /// device) fit `bound`.
+    fn evict_to(&mut self, bound: Bound, (host, device): (usize, usize)) {
+        while !bound.fits(self.host_bytes() + host, self.device_bytes() + device) {
             let Some(oldest) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)
             else {
                 return;
             };
             let evicted = self.entries.swap_remove(oldest);
             log::debug!(
-                "index cache: evicted a right side of {} bytes",
-                evicted.bytes
+                "index cache: evicted a right side of {} host and {} device bytes",
+                evicted.side.host_bytes,
+                evicted.side.device_bytes
             );
         }
     }
@@ -127,9 +166,7 @@ impl State {
 
 struct Entry {
     key: IndexKey,
-    side: Arc<BuildSide>,
-    /// Host and device bytes the side holds.
-    bytes: usize,
+    side: Arc<KeptSide>,
     last_used: u64,
     /// The in-memory batches the key names by address.
     _pinned: Vec<RecordBatch>,
@@ -174,7 +211,7 @@ impl IndexCache {
     }
 
     /// The side under `key`, a build of it to wait for, or the claim to build it.
-    pub(super) fn lookup(self: &Arc<Self>, key: &IndexKey) -> Lookup {
+    pub(crate) fn lookup(self: &Arc<Self>, key: &IndexKey) -> Lookup {
         let mut state = self.lock();
         state.clock += 1;
         let now = state.clock;
@@ -198,70 +235,83 @@ impl IndexCache {
     }
 
     /// Counts a side taken from a build that this statement waited for.
-    pub(super) fn count_hit(&self) {
+    pub(crate) fn count_hit(&self) {
         self.lock().hits += 1;
     }
 
-    /// Keeps `side` under `key` within `capacity` bytes, evicting the least recently used; a
-    /// side larger than the whole capacity is not kept.
-    fn insert(
-        &self,
-        key: IndexKey,
-        side: Arc<BuildSide>,
-        bytes: usize,
-        pinned: Vec<RecordBatch>,
-        capacity: usize,
-    ) {
+    /// Keeps `side` under `key` within `bound`, evicting the least recently used; a side
+    /// larger than the whole bound is not kept.
+    fn insert(&self, key: IndexKey, side: Arc<KeptSide>, pinned: Vec<RecordBatch>, bound: Bound) {
         let mut state = self.lock();
         state.entries.retain(|e| e.key != key);
-        if bytes > capacity {
+        let (host, device) = (side.host_bytes, side.device_bytes);
+        if !bound.fits(host, device) {
             // Said once a side: a later statement over the same data builds it again, and the
             // user may not know why.
             log::warn!(
-                "index cache: a right side of {:.1} MiB is larger than sparse_knn.index_cache \
-                 ({:.1} MiB) and is not kept; raise it (SET sparse_knn.index_cache = '...') to \
+                "index cache: a right side of {:.1} MiB ({:.1} MiB of it on devices) is larger \
+                 than {} and is not kept; SET sparse_knn.index_cache = '{}MiB' (or more) to \
                  reuse it in later statements",
-                bytes as f64 / (1 << 20) as f64,
-                capacity as f64 / (1 << 20) as f64
+                (host + device) as f64 / (1 << 20) as f64,
+                device as f64 / (1 << 20) as f64,
+                bound.describe(),
+                (host + device).div_ceil(1 << 20)
             );
             return;
         }
-        state.evict_to(capacity - bytes);
+        state.evict_to(bound, (host, device));
         state.clock += 1;
         let last_used = state.clock;
         state.entries.push(Entry {
             key,
             side,
-            bytes,
             last_used,
             _pinned: pinned,
         });
     }
 
-    /// Evicts until the held sides fit `capacity` (after the setting shrank).
-    pub(super) fn shrink_to(&self, capacity: usize) {
-        self.lock().evict_to(capacity);
+    /// Evicts until the held sides fit `bound` (after the setting shrank).
+    pub(crate) fn shrink_to(&self, bound: Bound) {
+        self.lock().evict_to(bound, (0, 0));
     }
 }
 
-/// The cache a task's joins use and its bound in bytes (`setting`: the join's `index_cache`,
-/// None for the default); None when the session has no cache or the bound is 0.
-pub(super) fn task_cache(
+/// The cache a task's joins use and its bound (`setting`: the join's `index_cache`, None for
+/// the default); None when the session has no cache or the bound is 0.
+pub(crate) fn task_cache(
     context: &TaskContext,
     setting: Option<u64>,
-) -> Option<(Arc<IndexCache>, usize)> {
+) -> Option<(Arc<IndexCache>, Bound)> {
     let cache = context.session_config().get_extension::<IndexCache>()?;
-    let capacity = match setting {
-        Some(bytes) => usize::try_from(bytes).unwrap_or(usize::MAX),
-        None => match context.memory_pool().memory_limit() {
-            MemoryLimit::Finite(pool) => pool / 4,
-            MemoryLimit::Infinite | MemoryLimit::Unknown => UNBOUNDED_POOL_DEFAULT,
+    let bound = match setting {
+        Some(0) => {
+            cache.clear();
+            return None;
+        }
+        Some(bytes) => Bound::Set(usize::try_from(bytes).unwrap_or(usize::MAX)),
+        None => Bound::Machine {
+            host: match context.memory_pool().memory_limit() {
+                MemoryLimit::Finite(pool) => pool / 4,
+                MemoryLimit::Infinite | MemoryLimit::Unknown => physical_memory()
+                    .map_or(UNBOUNDED_POOL_DEFAULT, |bytes| bytes / 2),
+            },
+            // A GPU side's build found room for it on its devices (their free memory is its
+            // budget); what the cache keeps there is bounded by the devices themselves.
+            device: usize::MAX,
         },
     };
-    if capacity == 0 {
-        cache.clear();
-        return None;
-    }
-    cache.shrink_to(capacity);
-    Some((cache, capacity))
+    cache.shrink_to(bound);
+    Some((cache, bound))
+}
+
+/// The machine's physical memory, where the system says.
+fn physical_memory() -> Option<usize> {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then(|| (pages as usize).saturating_mul(page as usize))
 }

@@ -7,13 +7,12 @@
 //!
 //! Needs a CUDA GPU: `cargo test --release --test gpu_sql -- --ignored --test-threads=1`.
 
-mod common;
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-use common::pairs;
+use crate::common::pairs;
 use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::SparseBatch;
 use rand::rngs::StdRng;

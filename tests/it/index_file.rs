@@ -6,13 +6,13 @@
 //! On the GPU (`-- --ignored` on a machine with one): a reused, loaded or held GPU index answers
 //! bit for bit as a fresh GPU build does, for every metric.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use arrow::array::RecordBatch;
-use common::{collect, counts, explain_counters, write_parquet};
+use crate::common::{collect, counts, explain_counters, write_parquet};
 use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::index::SparseIndex;
 use datafusion_sparse_knn::join::{PairList, ProbeOptions, Selection};

@@ -1,0 +1,158 @@
+//! A filtered right side over a kept index: `knn_join(q, (SELECT * FROM docs WHERE lang = 'en'),
+//! ...)` probes the index of `docs` itself, built once and kept (session cache, index file),
+//! and the predicate becomes a row mask, evaluated for the statement over the columns it reads.
+//! A new predicate then costs a scan of those columns, not a read and build of the vectors.
+//!
+//! Applies where the right input is, below column-only projections and aliases, filters over one
+//! table scan (a table, a file, a folder, an index file) whose predicates do not read the vector
+//! column; anything else (a join, an aggregate, a LIMIT, a computed column, a predicate on the
+//! vectors, `exclude_self=true`, `right_shards`) is planned as before: the filtered rows built.
+
+use std::sync::Arc;
+
+use datafusion::catalog::Session;
+use datafusion::common::tree_node::{Transformed, TreeNode};
+use datafusion::common::{Column, Result};
+use datafusion::execution::context::SessionState;
+use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan, TableScanBuilder};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_planner::PhysicalPlanner;
+
+use super::logical::SparseJoinNode;
+
+/// The mask plan's one column.
+const PASS_COLUMN: &str = "__sparse_knn_pass";
+
+/// The unfiltered right input (the right side's own columns, so its identity is the
+/// unfiltered source's) and the plan of its rows' masks (one Boolean column, a row each).
+pub(super) struct FilteredRight {
+    pub right: Arc<dyn ExecutionPlan>,
+    pub mask: Arc<dyn ExecutionPlan>,
+}
+
+/// The right input of `node` as an unfiltered source and a mask, where it is a filter over one
+/// table scan (see the module docs); None: plan it as it is.
+pub(super) async fn filtered_right(
+    node: &SparseJoinNode,
+    planner: &dyn PhysicalPlanner,
+    session: &dyn Session,
+    planned_right: &Arc<dyn ExecutionPlan>,
+) -> Result<Option<FilteredRight>> {
+    let options = &node.spec.options;
+    if options.exclude_self.by_identity() || options.right_shards > 1 {
+        return Ok(None);
+    }
+    let Some(state) = session.as_any().downcast_ref::<SessionState>() else {
+        return Ok(None);
+    };
+    let Some((scan, mut predicates)) = filters_over_scan(&node.right) else {
+        return Ok(None);
+    };
+    predicates.extend(scan.filters.iter().cloned());
+    if predicates.is_empty() || scan.fetch.is_some() {
+        return Ok(None);
+    }
+    let table = scan.source.schema();
+    // The predicates' columns, as positions in the table; none may be the vectors (their mask
+    // would need the vectors read, which is the build this avoids).
+    let mut read = Vec::new();
+    for predicate in &predicates {
+        for column in predicate.column_refs() {
+            if column.name == node.right_vector {
+                return Ok(None);
+            }
+            match table.index_of(&column.name) {
+                Ok(i) => read.push(i),
+                Err(_) => return Ok(None),
+            }
+        }
+    }
+    read.sort_unstable();
+    read.dedup();
+    // The right side's own columns, in its order, from the table itself.
+    let wanted = planned_right.schema();
+    let mut columns = Vec::with_capacity(wanted.fields().len());
+    for field in wanted.fields() {
+        match table.index_of(field.name()) {
+            Ok(i) => columns.push(i),
+            Err(_) => return Ok(None),
+        }
+    }
+    let unfiltered = LogicalPlan::TableScan(
+        TableScanBuilder::new(scan.table_name.clone(), Arc::clone(&scan.source))
+            .with_projection(Some(columns))
+            .build()?,
+    );
+    let right = planner.create_physical_plan(&unfiltered, state).await?;
+    let same_columns = right.schema().fields().len() == wanted.fields().len()
+        && right
+            .schema()
+            .fields()
+            .iter()
+            .zip(wanted.fields())
+            .all(|(a, b)| a.name() == b.name() && a.data_type() == b.data_type());
+    if !same_columns {
+        return Ok(None);
+    }
+    // Above an alias, the predicates name the alias: the scan's columns are unambiguous
+    // unqualified.
+    let predicates = predicates
+        .into_iter()
+        .map(unqualified)
+        .collect::<Result<Vec<_>>>()?;
+    let Some(predicate) = conjunction(predicates) else {
+        return Ok(None);
+    };
+    let mask_scan = LogicalPlan::TableScan(
+        TableScanBuilder::new(scan.table_name.clone(), Arc::clone(&scan.source))
+            .with_projection(Some(read))
+            .build()?,
+    );
+    let mask = LogicalPlanBuilder::from(mask_scan)
+        .project(vec![predicate.alias(PASS_COLUMN)])?
+        .build()?;
+    let mask = planner.create_physical_plan(&mask, state).await?;
+    log::debug!(
+        "{}: the right side's filter is a mask over {}'s kept index",
+        node.spec.function_name(),
+        scan.table_name
+    );
+    Ok(Some(FilteredRight { right, mask }))
+}
+
+fn unqualified(expr: Expr) -> Result<Expr> {
+    expr.transform(|e| {
+        Ok(match e {
+            Expr::Column(c) => Transformed::yes(Expr::Column(Column::new_unqualified(c.name))),
+            e => Transformed::no(e),
+        })
+    })
+    .map(|t| t.data)
+}
+
+/// The table scan below `plan`'s filters, column-only projections and aliases, with the
+/// filters' predicates; None where anything else stands between.
+fn filters_over_scan(plan: &LogicalPlan) -> Option<(&TableScan, Vec<Expr>)> {
+    let mut predicates = Vec::new();
+    let mut plan = plan;
+    loop {
+        match plan {
+            LogicalPlan::TableScan(scan) => return Some((scan, predicates)),
+            LogicalPlan::Filter(filter) => {
+                predicates.push(filter.predicate.clone());
+                plan = filter.input.as_ref();
+            }
+            LogicalPlan::Projection(projection)
+                if projection
+                    .expr
+                    .iter()
+                    .all(|e| matches!(e, Expr::Column(_))) =>
+            {
+                plan = projection.input.as_ref();
+            }
+            LogicalPlan::SubqueryAlias(alias) => plan = alias.input.as_ref(),
+            _ => return None,
+        }
+    }
+}

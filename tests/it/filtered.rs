@@ -1,0 +1,202 @@
+//! A filtered right side over a kept index (SPEC "Filtered right sides"): the answer of
+//! `knn_join(l, (SELECT * FROM r WHERE p), ...)` is the answer over the rows that pass alone (a
+//! fresh build over a table of just those rows), for every metric, at every selectivity from
+//! all rows to one and none; and the index of `r` is built once and reused by every new
+//! predicate (EXPLAIN ANALYZE: `index_reused`, `rows_passed`). A source that changed is built
+//! again, never answered with the old rows.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use datafusion_sparse_knn::metric::MetricKind;
+
+use crate::common::{self, collect, counts, explain_counters, write_parquet};
+
+fn options_for(kind: MetricKind) -> &'static str {
+    match kind {
+        MetricKind::Minkowski => "p=3",
+        k if k.needs_dim() => "dim=60",
+        _ => "",
+    }
+}
+
+/// (query id, neighbor id, distance, rank) in output order.
+fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
+    common::pairs(batches)
+}
+
+/// Equal rows and ranks; distances equal to 1e-12 relative (a fresh build over fewer rows may
+/// choose other dense columns, whose sums run in another order), and where two neighbours tie
+/// that closely either order is right.
+fn assert_same(got: &[(i64, i64, f64, i32)], want: &[(i64, i64, f64, i32)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: pairs");
+    let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!((g.0, g.3), (w.0, w.3), "{what}: pair {i}");
+        assert!(close(g.2, w.2), "{what}: pair {i}: {g:?} against {w:?}");
+        if g.1 != w.1 {
+            // A near-tie: the other order must hold the same neighbours at the same distance.
+            let other = want
+                .iter()
+                .find(|x| x.0 == g.0 && x.1 == g.1)
+                .unwrap_or_else(|| panic!("{what}: pair {i}: {g:?} not among {w:?}'s row"));
+            assert!(close(other.2, g.2), "{what}: pair {i}: {g:?} against {w:?}");
+        }
+    }
+}
+
+async fn session_with(right: &str, left: &str) -> SessionContext {
+    let ctx = datafusion_sparse_knn::session_context();
+    ctx.register_parquet("r", right, Default::default())
+        .await
+        .unwrap();
+    ctx.register_parquet("l", left, Default::default())
+        .await
+        .unwrap();
+    ctx
+}
+
+/// The rows of `r` that pass `predicate`, as an in-memory table `name` of `ctx`: the fresh
+/// build's right side.
+async fn filtered_copy(ctx: &SessionContext, name: &str, predicate: &str) {
+    let rows = collect(ctx, &format!("SELECT * FROM r WHERE {predicate}")).await;
+    let schema = ctx.table("r").await.unwrap().schema().inner().clone();
+    let table = MemTable::try_new(schema, vec![rows]).unwrap();
+    ctx.deregister_table(name).unwrap();
+    ctx.register_table(name, Arc::new(table)).unwrap();
+}
+
+const SELECTIVITIES: [&str; 6] = [
+    "id >= 0",
+    "id % 2 = 0",
+    "id % 10 = 3",
+    "id % 97 = 5",
+    "id = 123",
+    "id < 0",
+];
+
+#[tokio::test]
+async fn a_filtered_right_side_answers_as_a_fresh_build_of_its_rows_for_every_metric() {
+    let dir = tempfile::tempdir().unwrap();
+    let right = dir.path().join("right.parquet");
+    let left = dir.path().join("left.parquet");
+    write_parquet(&right, &counts(400, 21), 0);
+    write_parquet(&left, &counts(40, 22), 1000);
+    let ctx = session_with(right.to_str().unwrap(), left.to_str().unwrap()).await;
+    for kind in MetricKind::all() {
+        let metric = kind.name();
+        let options = options_for(kind);
+        for predicate in SELECTIVITIES {
+            filtered_copy(&ctx, "fresh", predicate).await;
+            let masked = format!(
+                "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE {predicate}), '{metric}', 7, \
+                 'device=cpu, {options}') ORDER BY query_id, rank"
+            );
+            let fresh = format!(
+                "SELECT * FROM knn_join(l, fresh, '{metric}', 7, 'device=cpu, {options}') \
+                 ORDER BY query_id, rank"
+            );
+            let got = answer(&collect(&ctx, &masked).await);
+            let want = answer(&collect(&ctx, &fresh).await);
+            assert_same(&got, &want, &format!("{metric}, {predicate}"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_new_predicate_reuses_the_index_and_counts_the_rows_that_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let right = dir.path().join("right.parquet");
+    let left = dir.path().join("left.parquet");
+    write_parquet(&right, &counts(500, 31), 0);
+    write_parquet(&left, &counts(3, 32), 1000);
+    let ctx = session_with(right.to_str().unwrap(), left.to_str().unwrap()).await;
+    let names = ["index_built", "index_reused", "rows_passed"];
+    let sql = |predicate: &str| {
+        format!(
+            "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE {predicate}), 'cosine', 5, \
+             'device=cpu')"
+        )
+    };
+    // The first filter builds the index of r; every later one takes it.
+    let first = explain_counters(&ctx, &sql("id % 10 = 3"), &names).await;
+    assert_eq!(first, vec![1, 0, 50]);
+    for (predicate, passing) in [("id % 2 = 0", 250), ("id = 17", 1), ("id < 0", 0)] {
+        let counters = explain_counters(&ctx, &sql(predicate), &names).await;
+        assert_eq!(counters, vec![0, 1, passing], "{predicate}");
+    }
+    // The unfiltered side of the same columns is that same index.
+    let unfiltered = "SELECT * FROM knn_join(l, r, 'cosine', 5, 'device=cpu')";
+    let counters = explain_counters(&ctx, unfiltered, &names[..2]).await;
+    assert_eq!(counters, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn radius_joins_and_predicates_on_columns_not_shown_take_the_mask() {
+    let dir = tempfile::tempdir().unwrap();
+    let right = dir.path().join("right.parquet");
+    let left = dir.path().join("left.parquet");
+    write_parquet(&right, &counts(300, 41), 0);
+    write_parquet(&left, &counts(20, 42), 1000);
+    let ctx = session_with(right.to_str().unwrap(), left.to_str().unwrap()).await;
+    for predicate in ["id % 3 = 1", "id BETWEEN 40 AND 60"] {
+        filtered_copy(&ctx, "fresh", predicate).await;
+        // A radius that keeps some pairs of each query, from the unfiltered nearest.
+        let radius = 0.35;
+        let masked = format!(
+            "SELECT * FROM radius_join(l, (SELECT * FROM r WHERE {predicate}), 'cosine', \
+             {radius}, 'device=cpu') ORDER BY query_id, neighbor_id"
+        );
+        let fresh = format!(
+            "SELECT * FROM radius_join(l, fresh, 'cosine', {radius}, 'device=cpu') \
+             ORDER BY query_id, neighbor_id"
+        );
+        let got = answer(&collect(&ctx, &masked).await);
+        let want = answer(&collect(&ctx, &fresh).await);
+        assert!(!want.is_empty(), "{predicate}: the radius keeps no pair");
+        assert_same(&got, &want, &format!("radius, {predicate}"));
+        // The filter's column is not among the right side's: `v` alone.
+        let masked = format!(
+            "SELECT query_id, distance, rank FROM knn_join(l, (SELECT v FROM r WHERE \
+             {predicate}), 'manhattan', 4, 'device=cpu') ORDER BY query_id, rank"
+        );
+        let fresh = format!(
+            "SELECT query_id, distance, rank FROM knn_join(l, (SELECT v FROM fresh), \
+             'manhattan', 4, 'device=cpu') ORDER BY query_id, rank"
+        );
+        let got = collect(&ctx, &masked).await;
+        let want = collect(&ctx, &fresh).await;
+        let text = |b: &[RecordBatch]| {
+            arrow::util::pretty::pretty_format_batches(b)
+                .unwrap()
+                .to_string()
+        };
+        assert_eq!(text(&got), text(&want), "{predicate}");
+    }
+}
+
+#[tokio::test]
+async fn a_changed_source_is_built_again_never_masked_with_old_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let right = dir.path().join("right.parquet");
+    let left = dir.path().join("left.parquet");
+    write_parquet(&right, &counts(200, 51), 0);
+    write_parquet(&left, &counts(5, 52), 1000);
+    let ctx = session_with(right.to_str().unwrap(), left.to_str().unwrap()).await;
+    let sql = "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE id % 4 = 1), 'euclidean', 3, \
+               'device=cpu') ORDER BY query_id, rank";
+    collect(&ctx, sql).await;
+    // Other rows, and more of them, in the same file.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    write_parquet(&right, &counts(260, 53), 0);
+    let counters = explain_counters(&ctx, sql, &["index_built", "rows_passed"]).await;
+    assert_eq!(counters, vec![1, 65]);
+    filtered_copy(&ctx, "fresh", "id % 4 = 1").await;
+    let got = answer(&collect(&ctx, sql).await);
+    let fresh = "SELECT * FROM knn_join(l, fresh, 'euclidean', 3, 'device=cpu') \
+                 ORDER BY query_id, rank";
+    let want = answer(&collect(&ctx, fresh).await);
+    assert_same(&got, &want, "after the rewrite");
+}

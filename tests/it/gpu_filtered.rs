@@ -1,0 +1,72 @@
+//! A masked probe (a filtered right side over a kept index) on the GPU against the CPU's, for
+//! every metric on raw counts, at selectivities from every row to one and none: the same right
+//! rows and ranks, distances within the metrics' GPU tolerance of the CPU's.
+
+use datafusion_sparse_knn::cpu::CpuIndex;
+use datafusion_sparse_knn::gpu::{GpuIndex, GpuOptions};
+use datafusion_sparse_knn::join::{Cancel, JoinIndex, ProbeOptions, RowMask, Selection};
+use datafusion_sparse_knn::metric::{Metric, MetricKind};
+
+use crate::common::{batch, counts};
+
+fn metric_of(kind: MetricKind) -> Metric {
+    let p = (kind == MetricKind::Minkowski).then_some(3.0);
+    Metric::from_kind(kind, p, kind.needs_dim().then_some(60)).unwrap()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn masked_gpu_probes_answer_as_the_cpu_for_every_metric() {
+    let right = batch(&counts(1500, 61));
+    let left = batch(&counts(64, 62));
+    let masks: Vec<(&str, Vec<bool>)> = vec![
+        ("all", vec![true; 1500]),
+        ("half", (0..1500).map(|r| r % 2 == 0).collect()),
+        ("1%", (0..1500).map(|r| r % 100 == 7).collect()),
+        ("one", (0..1500).map(|r| r == 1234).collect()),
+        ("none", vec![false; 1500]),
+    ];
+    for kind in MetricKind::all() {
+        let metric = metric_of(kind);
+        let cpu = CpuIndex::build(&right, &metric);
+        let gpu = GpuIndex::build(&right, &metric, &GpuOptions::default())
+            .unwrap_or_else(|e| panic!("{kind:?}: build: {e}"));
+        for (name, pass) in &masks {
+            let mask = RowMask::new(pass.clone());
+            for selection in [Selection::Nearest(9)] {
+                for exclude in [None, Some(3)] {
+                    let options = ProbeOptions {
+                        exclude_self_from: exclude,
+                    };
+                    let cancel = Cancel::new();
+                    let want = cpu
+                        .probe_masked(&left, selection, options, &mask, &cancel)
+                        .unwrap()
+                        .into_pairs();
+                    let got = gpu
+                        .probe_masked(&left, selection, options, &mask, &cancel)
+                        .unwrap()
+                        .into_pairs();
+                    let what = format!("{kind:?}, {name}, exclude {exclude:?}");
+                    assert_eq!(got.left, want.left, "{what}: left rows");
+                    for i in 0..got.len() {
+                        assert!(pass[got.right[i] as usize], "{what}: a failing row");
+                        let (g, w) = (got.distance[i], want.distance[i]);
+                        let tol = 1e-9 * w.abs().max(1.0) + 1e-6 * w.abs();
+                        assert!((g - w).abs() <= tol, "{what}: pair {i}: {g} against {w}");
+                        if got.right[i] != want.right[i] {
+                            // A near tie: either order of the two rows.
+                            let near = want
+                                .distance
+                                .iter()
+                                .zip(&want.left)
+                                .any(|(&d, &l)| l == got.left[i] && (d - g).abs() <= tol);
+                            assert!(near, "{what}: pair {i}: right row {} against {}",
+                                got.right[i], want.right[i]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
