@@ -27,7 +27,16 @@ import pyarrow as pa
 
 from . import _internal
 from ._estimator import KNeighborsTransformer, NearestNeighbors, precomputed_knn
-from ._inputs import _check_k, _check_radius, _inputs, _object_array, _options, _source
+from ._inputs import (
+    _check_k,
+    _check_radius,
+    _distance_dtype,
+    _float_kind,
+    _inputs,
+    _object_array,
+    _options,
+    _source,
+)
 from ._internal import Source, __version__
 from ._pairwise import pairwise_distances
 
@@ -110,9 +119,12 @@ def kneighbors(
             ``exclude_self``, ``left_column``, ``right_column``, ``gpu_memory_limit``.
 
     Returns:
-        ``(distances, indices)``: float64 and int64 arrays of shape (rows of X, k), nearest first
+        ``(distances, indices)``: float and int64 arrays of shape (rows of X, k), nearest first
         (for ``dot``, a similarity, largest first); ties go to the earlier row of ``Y``. A slot
-        left empty (a NULL vector has no neighbours) has distance NaN and index -1.
+        left empty (a NULL vector has no neighbours) has distance NaN and index -1. The
+        distances are in scikit-learn's dtype, as :class:`NearestNeighbors` gives them
+        (float32 for float32 sparse matrices under ``cosine`` or ``euclidean``, else float64);
+        computed and ordered in float64 either way.
     """
     k = _check_k(k)
     left, right, text = _inputs(X, Y, metric, options)
@@ -121,7 +133,14 @@ def kneighbors(
     indices = _numpy(table, "index").reshape(rows, k)
     if not return_distance:
         return indices
-    return _numpy(table, "distance").reshape(rows, k), indices
+    distances = _numpy(table, "distance").reshape(rows, k)
+    return distances.astype(_result_dtype(X, Y, metric, options), copy=False), indices
+
+
+def _result_dtype(X: Any, Y: Any, metric: Any, options: dict[str, Any]) -> np.dtype:
+    """scikit-learn's distance dtype for ``X`` against ``Y`` (None: ``X`` itself)."""
+    kinds = [_float_kind(X)] + ([] if Y is None else [_float_kind(Y)])
+    return _distance_dtype(metric, options.get("p"), kinds)
 
 
 def _table(stream: Any) -> pa.Table:
@@ -147,7 +166,8 @@ def radius_neighbors(
     algorithm='brute').fit(Y).radius_neighbors(X)``.
 
     Inputs and options as in :func:`kneighbors`. Returns ``(distances, indices)``: object arrays
-    with one float64 / int64 array per row of ``X``, nearest first.
+    with one float (as in :func:`kneighbors`) / int64 array per row of ``X``, nearest first (the
+    radius applies to the float64 distances).
     """
     radius = _check_radius(radius)
     left, right, text = _inputs(X, Y, metric, options)
@@ -157,7 +177,8 @@ def radius_neighbors(
     ind = _object_array(np.split(_numpy(table, "index"), cuts))
     if not return_distance:
         return ind
-    return _object_array(np.split(_numpy(table, "distance"), cuts)), ind
+    distances = _numpy(table, "distance").astype(_result_dtype(X, Y, metric, options), copy=False)
+    return _object_array(np.split(distances, cuts)), ind
 
 
 def _join_inputs(left: Any, right: Any, metric: Any, options: dict[str, Any]):

@@ -16,7 +16,15 @@ from typing import Any
 
 import numpy as np
 
-from ._inputs import _NEEDS_DIM, _check_radius, _object_array, _option_text, _rows
+from ._inputs import (
+    _NEEDS_DIM,
+    _check_radius,
+    _distance_dtype,
+    _float_kind,
+    _object_array,
+    _option_text,
+    _rows,
+)
 from ._internal import FittedIndex
 
 try:  # scikit-learn is optional
@@ -109,6 +117,12 @@ class NearestNeighbors(_Base):
     ``fit(Y)`` takes a ``scipy.sparse`` matrix, a dense 2-D array, Arrow data or a Parquet path;
     queries the same kinds. Ties go to the earlier fitted row. For ``dot`` (a similarity),
     "nearest" is largest first.
+
+    Distances come in the dtype scikit-learn (1.9) gives them in: float32 where the fitted rows
+    and the query rows are float32 matrices and the metric is ``cosine``, or ``euclidean``
+    (``minkowski`` with ``p=2``) and both are sparse; else float64 (scikit-learn's ArgKmin and
+    scipy paths). They are computed in float64 and ordered by that (ties by fitted row), then
+    rounded, so a float32 row stays in ascending order.
     """
 
     def __init__(
@@ -154,6 +168,7 @@ class NearestNeighbors(_Base):
         rows, _, columns = _rows(X, "X")
         self._index = FittedIndex.fit(rows, self.metric, self._options_text(columns))
         self._fit_X = X
+        self._fit_kind = _float_kind(X)
         self.n_samples_fit_ = self._index.n_rows
         self.effective_metric_ = self._index.metric
         self.device_ = self._index.device
@@ -175,6 +190,14 @@ class NearestNeighbors(_Base):
             raise NotFittedError(msg)
         return index
 
+    def _distance_dtype(self, X: Any) -> np.dtype:
+        """scikit-learn's dtype for the distances of the rows ``X`` (None: the fitted rows)."""
+        index = self._fitted()
+        fitted = getattr(self, "_fit_kind", (False, False))
+        kinds = [fitted] if X is None else [fitted, _float_kind(X)]
+        # The metric as named (scikit-learn tells "l2" from "euclidean"), the index's p.
+        return _distance_dtype(self.metric, index.params[0], kinds)
+
     def _query(self, X: Any):
         """Query rows (None: the fitted rows) and their count."""
         index = self._fitted()
@@ -194,8 +217,9 @@ class NearestNeighbors(_Base):
 
     def kneighbors(self, X: Any = None, n_neighbors: int | None = None, return_distance: bool = True):
         """The ``n_neighbors`` nearest fitted rows of each row of ``X``: ``(distances,
-        indices)``, float64 and int64 arrays of shape (rows of X, n_neighbors), nearest first.
-        ``X=None``: the fitted rows, each row's own pair left out (as scikit-learn does)."""
+        indices)``, float (see the class) and int64 arrays of shape (rows of X, n_neighbors),
+        nearest first. ``X=None``: the fitted rows, each row's own pair left out (as
+        scikit-learn does)."""
         index = self._fitted()
         k = _check_n_neighbors(self.n_neighbors if n_neighbors is None else n_neighbors)
         rows, _ = self._query(X)
@@ -203,7 +227,8 @@ class NearestNeighbors(_Base):
         ind = _frombuffer(indices, np.int64, (n, k))
         if not return_distance:
             return ind
-        return _frombuffer(distances, np.float64, (n, k)), ind
+        dist = _frombuffer(distances, np.float64, (n, k))
+        return dist.astype(self._distance_dtype(X), copy=False), ind
 
     def radius_neighbors(
         self,
@@ -213,7 +238,8 @@ class NearestNeighbors(_Base):
         sort_results: bool = False,
     ):
         """Every fitted row within ``radius`` of each row of ``X`` (for ``dot``: at least
-        ``radius``): object arrays of one float64 / int64 array per row. Always nearest first,
+        ``radius``): object arrays of one float (see the class) / int64 array per row. The radius
+        is applied to the float64 distances. Always nearest first,
         ties by row (``sort_results`` is accepted for scikit-learn's signature). ``X=None``:
         the fitted rows, own pair left out."""
         distances, indices, counts = self._radius(X, radius)
@@ -229,7 +255,7 @@ class NearestNeighbors(_Base):
         rows, _ = self._query(X)
         counts, distances, indices = index.radius_neighbors(rows, radius)
         return (
-            _frombuffer(distances, np.float64),
+            _frombuffer(distances, np.float64).astype(self._distance_dtype(X), copy=False),
             _frombuffer(indices, np.int64),
             _frombuffer(counts, np.int64),
         )
@@ -238,17 +264,20 @@ class NearestNeighbors(_Base):
 
     def kneighbors_graph(self, X: Any = None, n_neighbors: int | None = None, mode: str = "connectivity"):
         """The kNN graph as a ``scipy.sparse.csr_matrix`` of shape (rows of X, fitted rows):
-        ``mode='connectivity'`` stores ones, ``'distance'`` the distances; each row holds its
-        ``n_neighbors`` neighbours in ascending distance, as scikit-learn's."""
-        import scipy.sparse as sp
-
+        ``mode='connectivity'`` stores float64 ones, ``'distance'`` the distances (in the
+        kneighbors dtype); each row holds its ``n_neighbors`` neighbours in ascending distance,
+        as scikit-learn's (see :func:`_neighbors_graph` on keeping that order)."""
         _check_mode(mode)
         k = _check_n_neighbors(self.n_neighbors if n_neighbors is None else n_neighbors)
         distances, indices = self.kneighbors(X, k, return_distance=True)
-        n = indices.shape[0]
-        data = np.ones(n * k) if mode == "connectivity" else distances.ravel()
-        indptr = np.arange(0, n * k + 1, k)
-        return sp.csr_matrix((data, indices.ravel(), indptr), shape=(n, self.n_samples_fit_))
+        counts = np.full(indices.shape[0], k, dtype=np.int64)
+        kept = indices >= 0
+        if not kept.all():
+            # An empty slot (a NULL query vector has no neighbours) is no entry of the graph.
+            counts = kept.sum(axis=1)
+            distances, indices = distances[kept], indices[kept]
+        columns = self.n_samples_fit_
+        return _neighbors_graph(distances.ravel(), indices.ravel(), counts, mode, columns)
 
     def radius_neighbors_graph(
         self,
@@ -258,14 +287,11 @@ class NearestNeighbors(_Base):
         sort_results: bool = False,
     ):
         """Every pair within ``radius`` as a ``scipy.sparse.csr_matrix`` of shape (rows of X,
-        fitted rows), each row in ascending distance (``mode`` as in ``kneighbors_graph``)."""
-        import scipy.sparse as sp
-
+        fitted rows), each row in ascending distance (``mode`` and dtypes as in
+        ``kneighbors_graph``)."""
         _check_mode(mode)
         distances, indices, counts = self._radius(X, radius)
-        indptr = np.concatenate([[0], np.cumsum(counts)])
-        data = np.ones(len(indices)) if mode == "connectivity" else distances
-        return sp.csr_matrix((data, indices, indptr), shape=(len(counts), self.n_samples_fit_))
+        return _neighbors_graph(distances, indices, counts, mode, self.n_samples_fit_)
 
     # -- index files -----------------------------------------------------------------------
 
@@ -286,6 +312,8 @@ class NearestNeighbors(_Base):
         text = ", ".join(f"{k}={_option_text(k, v)}" for k, v in options.items() if v is not None)
         nn._index = FittedIndex.load(os.fspath(path), text)
         nn._fit_X = None
+        # An index file keeps its rows as the crate stores them, not the matrix they came from.
+        nn._fit_kind = (False, False)
         nn.metric = nn._index.metric
         p, dim = nn._index.params
         if nn.metric == "minkowski":
@@ -297,6 +325,42 @@ class NearestNeighbors(_Base):
         nn.effective_metric_ = nn._index.metric
         nn.device_ = nn._index.device
         return nn
+
+
+def _neighbors_graph(
+    distances: np.ndarray, indices: np.ndarray, counts: np.ndarray, mode: str, columns: int
+):
+    """A neighbour graph as scikit-learn builds one (a ``csr_matrix`` by default, int64 indices):
+    ``counts[i]`` entries for row ``i``, stored nearest first, not by column (scanpy and UMAP read
+    each row's data in storage order as its neighbours by rank). Data: the distances in their
+    dtype, or float64 ones for ``'connectivity'`` (scikit-learn's ``np.ones``).
+
+    scipy works out ``has_sorted_indices`` / ``has_canonical_format`` from the arrays (False
+    where a row is not in column order) and nothing here sets them. ``copy()``, ``tocsr()`` and
+    ``astype`` to the same dtype keep the order; ``astype`` to another dtype, like any operation
+    that sums duplicates, sorts each non-canonical row by column, in scipy (1.17) as for
+    scikit-learn's graphs. That is why the distances come in scikit-learn's dtype: a consumer
+    that expects it has nothing to convert.
+    """
+    import scipy.sparse as sp
+
+    indptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    data = np.ones(len(indices)) if mode == "connectivity" else distances
+    # As scikit-learn builds it: a csr_array keeps the int64 indices (a csr_matrix made from the
+    # arrays would narrow them to int32), handed out in the container its config asks for.
+    graph = sp.csr_array((data, indices, indptr), shape=(len(counts), columns))
+    return graph if _sparse_interface() == "sparray" else sp.csr_matrix(graph)
+
+
+def _sparse_interface() -> str:
+    """scikit-learn's ``sparse_interface`` setting (1.9: ``'spmatrix'`` unless set to
+    ``'sparray'``); scipy's matrices without scikit-learn."""
+    try:
+        from sklearn import get_config
+    except ImportError:  # pragma: no cover - depends on the environment
+        return "spmatrix"
+    return get_config().get("sparse_interface", "spmatrix")
 
 
 def _check_mode(mode: str) -> None:
@@ -312,6 +376,11 @@ class KNeighborsTransformer(_TransformerBase, _Base):
     ``fit_transform(X)`` (and ``transform`` of the fitted object itself) puts each sample's own
     pair first, at an explicitly stored distance 0, as ``scanpy.pp.neighbors(adata,
     transformer=...)`` and UMAP's ``precomputed_knn`` expect.
+
+    The graph's dtype is scikit-learn's: the distances as :class:`NearestNeighbors` gives them
+    (float32 for float32 sparse rows under ``cosine`` or ``euclidean``), ones float64. scanpy
+    reads each row's entries in storage order as its neighbours by rank, so they must reach it
+    unconverted: a change of dtype sorts each row by column in scipy.
 
     Parameters and options as in :class:`NearestNeighbors`.
     """
@@ -370,27 +439,26 @@ class KNeighborsTransformer(_TransformerBase, _Base):
         return self.fit(X).transform(X)
 
     def _self_first_graph(self):
-        """The fitted rows' graph with each sample itself first at distance 0 (stored)."""
-        import scipy.sparse as sp
-
+        """The fitted rows' graph with each sample itself first at distance 0 (stored), in
+        the distances' dtype."""
         nn = self._nn
         others = self.n_neighbors if self.mode == "distance" else self.n_neighbors - 1
         n = nn.n_samples_fit_
         k = others + 1
         indices = np.empty((n, k), dtype=np.int64)
-        distances = np.zeros((n, k), dtype=np.float64)
+        distances = np.zeros((n, k), dtype=nn._distance_dtype(None))
         indices[:, 0] = np.arange(n)
         if others > 0:
             distances[:, 1:], indices[:, 1:] = nn.kneighbors(None, others)
-        data = np.ones(n * k) if self.mode == "connectivity" else distances.ravel()
-        indptr = np.arange(0, n * k + 1, k)
-        return sp.csr_matrix((data, indices.ravel(), indptr), shape=(n, n))
+        counts = np.full(n, k, dtype=np.int64)
+        return _neighbors_graph(distances.ravel(), indices.ravel(), counts, self.mode, n)
 
 
 def precomputed_knn(X: Any, n_neighbors: int = 15, metric: str = "euclidean", **options: Any):
     """UMAP's ``precomputed_knn``: ``(knn_indices, knn_dists)`` of shape (rows of X,
     n_neighbors), each row's own pair first at distance 0 (UMAP's ``n_neighbors`` counts it),
-    then its ``n_neighbors - 1`` nearest other rows::
+    then its ``n_neighbors - 1`` nearest other rows (distances in the dtype of
+    :class:`NearestNeighbors`)::
 
         knn = datafusion_sparse_knn.precomputed_knn(X, 15, "cosine")
         umap.UMAP(n_neighbors=15, metric="cosine", precomputed_knn=knn).fit(X)

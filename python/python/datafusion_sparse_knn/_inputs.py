@@ -17,6 +17,52 @@ from ._internal import Csr, Source
 # Metrics that need the dimension; for a matrix it is its number of columns, as in scikit-learn.
 _NEEDS_DIM = {"hamming", "russellrao", "correlation"}
 
+# scikit-learn (1.9) gives distances in float32 only where both sides are float32 and its own
+# float32 kernels compute them: cosine, and euclidean (also minkowski with p=2, its effective
+# metric) between sparse matrices. Its neighbour searches take ArgKmin / RadiusNeighbors
+# (float64) for every other metric it has there, and for dense euclidean and for "l2" (the
+# name has no "euclidean" in it); its pairwise_distances keep float32 for cosine, euclidean and
+# l2; scipy's metrics, integer and mixed inputs give float64. The crate computes in float64; a
+# float32 result is that rounded, which keeps each row's order (rounding is monotonic).
+_FLOAT32_SEARCH = frozenset({"cosine"})
+_FLOAT32_SPARSE_SEARCH = frozenset({"euclidean"})
+_FLOAT32_PAIRWISE = frozenset({"cosine", "euclidean", "l2"})
+
+
+def _float_kind(obj: Any) -> tuple[bool, bool]:
+    """``(float32, sparse)`` of an input: whether it is a float32 matrix (scipy sparse or numpy;
+    the one input scikit-learn answers in float32: Arrow data and Parquet files get the crate's
+    float64), and whether it is a sparse one."""
+    sparse = _scipy_sparse(obj)
+    float32 = (sparse or isinstance(obj, np.ndarray)) and obj.dtype == np.float32
+    return bool(float32), sparse
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _distance_dtype(
+    metric: Any, p: Any, kinds: list[tuple[bool, bool]], *, search: bool = True
+) -> np.dtype:
+    """The dtype of scikit-learn's distances for ``metric`` (``p``: minkowski's, None: 2) between
+    inputs of ``kinds`` (``_float_kind`` of each side): a neighbour search's (``search``) or
+    ``pairwise_distances``'."""
+    if not kinds or not all(float32 for float32, _ in kinds):
+        return np.dtype(np.float64)
+    name = metric.lower() if isinstance(metric, str) else ""
+    if search:
+        if name == "minkowski" and (p is None or _number(p) == 2.0):
+            name = "euclidean"
+        all_sparse = all(sparse for _, sparse in kinds)
+        keeps = name in _FLOAT32_SEARCH or (all_sparse and name in _FLOAT32_SPARSE_SEARCH)
+    else:
+        keeps = name in _FLOAT32_PAIRWISE
+    return np.dtype(np.float32) if keeps else np.dtype(np.float64)
+
 
 def _scipy_sparse(obj: Any) -> bool:
     # Without scipy imported, obj cannot be one of its matrices; never import it for nothing.
