@@ -616,9 +616,7 @@ mod tests {
 }
 
 /// The session's defaults for the options (the `sparse_knn.*` settings, when registered).
-pub fn session_options(
-    config: &datafusion::common::config::ConfigOptions,
-) -> Result<JoinOptions> {
+pub fn session_options(config: &datafusion::common::config::ConfigOptions) -> Result<JoinOptions> {
     match config.extensions.get::<SparseKnnConfig>() {
         Some(c) => JoinOptions::from_config(c),
         None => Ok(JoinOptions::default()),

@@ -3,6 +3,10 @@
 //! The data is held in memory (a `MemTable`) so that the figures are the join's, not Parquet
 //! decoding's; `q` is the first Q rows, and a run is
 //! `SELECT count(*) FROM knn_join(q, data, 'metric', k, 'device=...')`.
+//!
+//! `sparse-knn bench pairwise` times the distance matrix instead (`pairwise_distances`): the
+//! first Q rows against themselves through the index's `JoinIndex::distance_matrix`, into a
+//! host array, and checks each device's matrix against the CPU's.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -15,12 +19,19 @@ use datafusion::datasource::MemTable;
 use datafusion::execution::context::SessionContext;
 
 use super::{session, split_list, CliError, CliResult};
+use crate::cpu::{fills_dense_block, CpuBackend};
 use crate::generate::{Generator, Shape};
-use crate::metric::MetricKind;
+use crate::gpu::GpuBackend;
+use crate::join::{Backend, MatrixOut, MatrixRows};
+use crate::metric::{Metric, MetricKind};
 use crate::vector::{is_sparse_vector_type, SparseBatch, VectorCheck};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
+    /// What to time: the self `knn_join` (join, the default), or the distance matrix of the
+    /// first --queries rows against themselves (pairwise).
+    #[arg(value_parser = ["join", "pairwise"])]
+    pub mode: Option<String>,
     /// Generate this shape (movielens, nytimes, scrna, secedgar); the default when no --input.
     #[arg(long, conflicts_with = "input")]
     pub shape: Option<String>,
@@ -31,13 +42,13 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0, conflicts_with = "input")]
     pub seed: u64,
     /// Read this Parquet file or folder instead of generating.
-    #[arg(long)]
+    #[arg(long, alias = "parquet")]
     pub input: Option<PathBuf>,
     /// Metrics to time, comma separated.
     #[arg(long, default_value = "cosine,manhattan")]
     pub metrics: String,
     /// Devices to time, comma separated (auto, cpu, gpu).
-    #[arg(long, default_value = "cpu")]
+    #[arg(long, alias = "device", default_value = "cpu")]
     pub devices: String,
     /// Neighbours per query.
     #[arg(short = 'k', long, default_value_t = 10)]
@@ -125,6 +136,9 @@ pub async fn run(args: BenchArgs) -> CliResult<()> {
     }
     let ctx = session()?;
     let data = load(&ctx, &args).await?;
+    if args.mode.as_deref() == Some("pairwise") {
+        return pairwise(&args, &data, &metrics, &devices);
+    }
     let queries = args.queries.unwrap_or(data.rows).min(data.rows);
     if queries == 0 {
         cli_bail!("--queries must be at least 1");
@@ -352,6 +366,179 @@ async fn time_one(
         peak_device_bytes: (on_gpu && error.is_none()).then_some(stats.peak_device_bytes),
         error,
     }
+}
+
+/// `bench pairwise`: the distance matrix of the first Q rows against themselves
+/// (`MatrixRows::Own`, what `pairwise_distances(X)` computes) per metric and device. Each run is
+/// timed from the call to the last value in the host array, a `Vec<f64>` made once per metric and
+/// device (so the first run also faults its pages in, as a fresh numpy array does); each device's
+/// matrix is compared with the CPU's, and one further off than 1e-6 of max(1, |CPU|) (1e-4 for
+/// the metrics the CPU does not fill as dense blocks) fails the bench.
+fn pairwise(
+    args: &BenchArgs,
+    data: &Dataset,
+    metrics: &[String],
+    devices: &[String],
+) -> CliResult<()> {
+    if args.json.is_some() {
+        cli_bail!("--json is written by the join bench, not by `bench pairwise`");
+    }
+    let mut pieces = Vec::with_capacity(data.batches.len());
+    for batch in &data.batches {
+        let schema = batch.schema();
+        let Some(col) = schema
+            .fields()
+            .iter()
+            .position(|f| is_sparse_vector_type(f.data_type()))
+        else {
+            cli_bail!("{}: no sparse vector column", data.label);
+        };
+        let check = VectorCheck::new(schema.field(col).name());
+        pieces.push(SparseBatch::try_from_array(batch.column(col), &check)?);
+    }
+    let n = args.queries.unwrap_or(data.rows).min(data.rows);
+    if n == 0 {
+        cli_bail!("--queries must be at least 1");
+    }
+    let rows = SparseBatch::concat(&pieces)?.slice(0, n);
+    let repeat = args.repeat.max(1);
+    println!(
+        "pairwise {}: the first {n} rows against themselves ({n} x {n} distances, nnz {}), \
+         {repeat} run(s) a device\n",
+        data.label,
+        rows.nnz()
+    );
+    // The CPU first: its matrix is what the other devices' are compared with.
+    let mut order: Vec<&String> = devices.iter().filter(|d| *d == "cpu").collect();
+    order.extend(devices.iter().filter(|d| *d != "cpu"));
+    let mut failed = Vec::new();
+    for name in metrics {
+        let kind: MetricKind = name.parse()?;
+        let dim = kind.needs_dim().then_some(data.dim.max(1) as u64);
+        let metric = Metric::from_kind(kind, None, dim)?;
+        println!("metric {name}");
+        println!(
+            "{:<8} {:>9} {:>9} {:>9}  {:<30} {:>22} {:>9}",
+            "device",
+            "build_s",
+            "first_s",
+            "best_s",
+            "runs_s",
+            "max|d-cpu|/max(|cpu|,1)",
+            "kind_diff"
+        );
+        let mut cpu: Option<Vec<f64>> = None;
+        for device in &order {
+            let timed = match time_matrix(&metric, &rows, device, repeat) {
+                Ok(timed) => timed,
+                Err(e) => {
+                    println!("{device:<8} failed: {e}");
+                    failed.push(format!("{name} on {device}: {e}"));
+                    continue;
+                }
+            };
+            let versus = if *device == "cpu" {
+                ("-".to_string(), "-".to_string())
+            } else {
+                if cpu.is_none() {
+                    cpu = Some(time_matrix(&metric, &rows, "cpu", 1)?.matrix);
+                }
+                let (worst, kinds) = differences(&timed.matrix, cpu.as_deref().unwrap_or(&[]));
+                // The folded metrics' sums are the CPU's terms (1e-6: the SPEC's 1e-4 is for the
+                // certified ones, whose bounds and exact step differ more in how they get there).
+                let limit = if fills_dense_block(&metric) {
+                    1e-6
+                } else {
+                    1e-4
+                };
+                if worst > limit || kinds > 0 {
+                    failed.push(format!(
+                        "{name} on {device}: the matrix differs from the CPU's by {worst:e} \
+                         ({kinds} values NaN or infinite on one side only)"
+                    ));
+                }
+                (format!("{worst:.3e}"), kinds.to_string())
+            };
+            let runs: Vec<String> = timed.runs.iter().map(|t| format!("{t:.3}")).collect();
+            println!(
+                "{device:<8} {:>9.3} {:>9.3} {:>9.3}  {:<30} {:>22} {:>9}",
+                timed.build_s,
+                timed.runs[0],
+                timed.runs.iter().copied().fold(f64::INFINITY, f64::min),
+                runs.join(" "),
+                versus.0,
+                versus.1
+            );
+            if *device == "cpu" {
+                cpu = Some(timed.matrix);
+            }
+        }
+        println!();
+    }
+    if let Some(first) = failed.first() {
+        cli_bail!(
+            "{} runs failed or disagreed with the CPU; first: {first}",
+            failed.len()
+        );
+    }
+    Ok(())
+}
+
+/// One device's index of `rows` under `metric`, and `repeat` timed distance matrices of `rows`
+/// against it (the last one kept).
+struct TimedMatrix {
+    build_s: f64,
+    runs: Vec<f64>,
+    matrix: Vec<f64>,
+}
+
+fn time_matrix(
+    metric: &Metric,
+    rows: &SparseBatch,
+    device: &str,
+    repeat: usize,
+) -> datafusion::common::Result<TimedMatrix> {
+    let started = Instant::now();
+    let on_gpu = match device {
+        "gpu" => true,
+        "auto" => crate::gpu::is_available(),
+        _ => false,
+    };
+    let index = if on_gpu {
+        GpuBackend::default().build_pieces(vec![rows.clone()], metric)?
+    } else {
+        CpuBackend.build_pieces(vec![rows.clone()], metric)?
+    };
+    let build_s = started.elapsed().as_secs_f64();
+    let n = rows.len();
+    let mut matrix = vec![0.0f64; n * n];
+    let mut runs = Vec::with_capacity(repeat);
+    for _ in 0..repeat {
+        let started = Instant::now();
+        let out = MatrixOut::new(&mut matrix, n, n)?;
+        index.distance_matrix(metric, MatrixRows::Own(rows), out)?;
+        runs.push(started.elapsed().as_secs_f64());
+    }
+    Ok(TimedMatrix {
+        build_s,
+        runs,
+        matrix,
+    })
+}
+
+/// The largest |a − b| / max(|b|, 1) of `got` against the CPU's `cpu` over the values both have
+/// finite, and how many values differ in kind (NaN, or an infinity, on one side only).
+fn differences(got: &[f64], cpu: &[f64]) -> (f64, usize) {
+    let mut worst = 0.0f64;
+    let mut kinds = 0;
+    for (&a, &b) in got.iter().zip(cpu) {
+        if a.is_finite() && b.is_finite() {
+            worst = worst.max((a - b).abs() / b.abs().max(1.0));
+        } else if !(a.is_nan() && b.is_nan()) && a != b {
+            kinds += 1;
+        }
+    }
+    (worst, kinds + got.len().abs_diff(cpu.len()))
 }
 
 fn print_metric(runs: &[Run], metric: &str) {

@@ -122,6 +122,12 @@ pub async fn run(args: KnnArgs) -> CliResult<()> {
         ..Default::default()
     };
     let ctx = super::session_on(&session_options, args.cluster.as_deref()).await?;
+    // One statement: nothing is kept for a later one, and a kept index would hold the GPUs
+    // open past the output's commit (their contexts are closed beside it).
+    ctx.sql("SET sparse_knn.index_cache = '0'")
+        .await?
+        .collect()
+        .await?;
     // The same input on both sides is one table: a self-join, where rows have an identity
     // (exclude_self=true).
     let same_input = args.left == args.right;

@@ -25,8 +25,8 @@ use std::any::TypeId;
 
 use super::folded::{accumulate, FoldedScratch, BLOCK};
 use super::index::CpuIndex;
-use super::keep::Keep;
 use super::js_filter::{JsFilter, JS_PAIR_ERROR};
+use super::keep::Keep;
 use super::minkowski::{accumulate_minkowski, minkowski_degree, pow_error};
 use super::union::UnionLeft;
 use super::vectors::multiversion;

@@ -37,7 +37,9 @@ impl<S: Semiring> CpuKernels for S {
         vectors: Vectors,
         valid: &[bool],
     ) -> Vec<PairList> {
-        probe_with(self, index, left, selection, options, cancel, vectors, valid)
+        probe_with(
+            self, index, left, selection, options, cancel, vectors, valid,
+        )
     }
 
     fn dense_block(
@@ -84,9 +86,15 @@ pub(crate) fn probe_parts_with(
     vectors: Vectors,
 ) -> Vec<PairList> {
     let valid = &index.valid;
-    index
-        .kernels
-        .probe(index, left, selection, options, &Cancel::new(), vectors, valid)
+    index.kernels.probe(
+        index,
+        left,
+        selection,
+        options,
+        &Cancel::new(),
+        vectors,
+        valid,
+    )
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -245,3 +245,40 @@ kernel_args! {
         col_ranks: DevPtr = "unsigned char*",
     }
 }
+
+kernel_args! {
+    /// The distance matrix of the folded metrics (`distance_matrix`, kernels/matrix.cu): a block
+    /// per (left row of the chunk, tile of right rows).
+    MatrixArgs {
+        /// The chunk's left rows: row r's nonzeros (right column id, value bits), mapped on the
+        /// host (columns the right side lacks and zeros left out), are
+        /// `hits[hit_off[r]..hit_off[r + 1]]`.
+        hit_off: DevPtr = "const long long*",
+        hits: DevPtr = "const uint2*",
+        /// Their totals (float64, the CPU's), and 1 for a NULL row.
+        lt0: DevPtr = "const double*",
+        lt1: DevPtr = "const double*",
+        l_null: DevPtr = "const unsigned char*",
+        n_right: i32 = "int",
+        /// The right side, as `FoldedArgs` has it (valid_bits 0 when every row is valid;
+        /// col_lift only for a lifted metric).
+        valid_bits: DevPtr = "const u32*",
+        rt0: DevPtr = "const double*",
+        rt1: DevPtr = "const double*",
+        tile_ptr: DevPtr = "const u32*",
+        col_entries: DevPtr = "const uint2*",
+        col_lift: DevPtr = "const double*",
+        /// The lists' tiles (`tile_ptr` holds ntiles + 1 per column); a matrix tile is `group` of
+        /// them, `mtile_rows` rows, `mtiles` in all; `span` accumulators a block.
+        ntiles: i32 = "int",
+        group: i32 = "int",
+        mtile_rows: i32 = "int",
+        mtiles: i32 = "int",
+        span: i32 = "int",
+        p: f64 = "double",
+        d: f64 = "double",
+        /// The chunk's block: left row r's distance to right row j at `out[r * out_stride + j]`.
+        out: DevPtr = "double*",
+        out_stride: i64 = "long long",
+    }
+}

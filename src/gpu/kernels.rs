@@ -9,7 +9,7 @@ use datafusion::common::{exec_datafusion_err, Result};
 #[path = "kernel_cache.rs"]
 pub mod cache;
 
-use super::args::{DenseArgs, DenseFillArgs, ExactArgs, FoldedArgs, ListArgs};
+use super::args::{DenseArgs, DenseFillArgs, ExactArgs, FoldedArgs, ListArgs, MatrixArgs};
 use crate::metric::cuda::cuda_definition;
 use crate::metric::{KeyForm, Params, Reduction, RowTotals, Semiring};
 
@@ -17,9 +17,15 @@ const PRELUDE: &str = include_str!("../../kernels/metric_prelude.cuh");
 const KERNELS: &str = include_str!("../../kernels/knn.cu");
 const DENSE: &str = include_str!("../../kernels/dense.cu");
 const EXACT: &str = include_str!("../../kernels/exact.cu");
+const MATRIX: &str = include_str!("../../kernels/matrix.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
 pub(crate) const FOLDED_THREADS: u32 = 512;
+
+/// Threads per block of the distance matrix kernel (`distance_matrix` in kernels/matrix.cu): a
+/// block adds one column's list segment at a time, most of them short, so a smaller block idles
+/// fewer threads between the barriers.
+pub(crate) const MATRIX_THREADS: u32 = 256;
 
 /// What the GPU backend needs of a metric: its module source and the facts that size buffers.
 #[derive(Debug, Clone)]
@@ -56,6 +62,10 @@ pub struct MetricProgram {
     /// The kernels were generated with a filter (`MetricDef::FILTER`: the form has
     /// [`KeyForm::cuda_filter`]), so a knn launch keeps a filter value per top-k candidate.
     pub filtered: bool,
+    /// The distance is finished from folded sums alone (a sum with no exact union term): the
+    /// distance matrix kernel computes it (`distance_matrix` in kernels/matrix.cu), as the CPU's
+    /// dense blocks do.
+    pub folded: bool,
 }
 
 impl MetricProgram {
@@ -74,17 +84,19 @@ impl MetricProgram {
             zero_distance: if bilinear { zero_distance(s) } else { None },
             key_form: S::KEY,
             filtered: S::KEY.cuda_filter().is_some(),
+            folded: S::REDUCTION == Reduction::Sum && !s.has_exact_term(),
         }
     }
 
     /// The entry points of this module.
-    pub fn kernel_names(&self) -> [&'static str; 5] {
+    pub fn kernel_names(&self) -> [&'static str; 6] {
         [
             "folded_knn",
             "folded_radius",
             "dense_scatter",
             "dense_gemm",
             "dense_fill",
+            "distance_matrix",
         ]
     }
 
@@ -139,7 +151,7 @@ fn certified<S: Semiring>() -> bool {
 pub fn module_source<S: Semiring>() -> String {
     let [(items, segments), (items_2, segments_2)] = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}{DENSE}\n{EXACT}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define MATRIX_THREADS {MATRIX_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}{DENSE}\n{EXACT}\n{MATRIX}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
         certified::<S>() as u8,
@@ -149,6 +161,7 @@ pub fn module_source<S: Semiring>() -> String {
         DenseFillArgs::cuda_declaration(),
         ListArgs::cuda_declaration(),
         ExactArgs::cuda_declaration(),
+        MatrixArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }

@@ -98,6 +98,150 @@ fn upload_staged<T: DeviceRepr>(
     Ok(dst)
 }
 
+/// `rows` rows of `columns` values, contiguous on the device from `src`'s start, into `dst`, its
+/// rows `stride` apart (the values between them are left as they are). A large block goes
+/// through the lane's two pinned staging buffers, each copied out by the cores while the device
+/// fills the other: a copy into pageable memory goes through the driver's own staging on one
+/// thread, and the pages of a fresh destination (a distance matrix, hundreds of MB) are faulted
+/// in by that thread too. `pieces`: staged whatever the size, in pieces of at most this many
+/// bytes (tests: many pieces of a small block).
+pub(crate) fn download_rows<T: DeviceRepr + Copy + Send + Sync>(
+    device: &Device,
+    src: &CudaSlice<T>,
+    (rows, columns): (usize, usize),
+    (dst, stride): (&mut [T], usize),
+    pieces: Option<usize>,
+) -> Result<()> {
+    let total = rows * columns;
+    if total == 0 {
+        return Ok(());
+    }
+    assert!(src.len() >= total && stride >= columns && dst.len() >= (rows - 1) * stride + columns);
+    let size = std::mem::size_of::<T>();
+    if pieces.is_some() || total * size >= stage_bytes() {
+        match device.staging() {
+            Ok(staging) => {
+                let shape = Shape {
+                    total,
+                    columns,
+                    stride,
+                    piece_bytes: pieces.unwrap_or(usize::MAX),
+                };
+                return download_staged(device, staging, src, shape, dst);
+            }
+            Err(e) => log::debug!("GPU {}: no staging buffers: {e}", device.ordinal),
+        }
+    }
+    if stride == columns {
+        device
+            .stream
+            .memcpy_dtoh(&src.slice(0..total), &mut dst[..total])
+            .map_err(cuda_err("copying from the device"))?;
+    } else {
+        let block = download(device, src, total)?;
+        scatter_rows(&block, 0, columns, dst, stride);
+    }
+    device
+        .stream
+        .synchronize()
+        .map_err(cuda_err("copying from the device"))
+}
+
+/// What [`download_staged`] copies: `total` values of rows of `columns`, into rows `stride`
+/// apart, in pieces of at most `piece_bytes` (and of the staging buffers' size).
+struct Shape {
+    total: usize,
+    columns: usize,
+    stride: usize,
+    piece_bytes: usize,
+}
+
+/// [`download_rows`] through the staging buffers: piece i + 1 is copied into one buffer while
+/// the cores copy piece i out of the other.
+fn download_staged<T: DeviceRepr + Copy + Send + Sync>(
+    device: &Device,
+    mut staging: StagingGuard<'_>,
+    src: &CudaSlice<T>,
+    shape: Shape,
+    dst: &mut [T],
+) -> Result<()> {
+    let Shape {
+        total,
+        columns,
+        stride,
+        piece_bytes,
+    } = shape;
+    let size = std::mem::size_of::<T>();
+    let piece = (staging.chunk_bytes().min(piece_bytes) / size).max(1);
+    let pieces = total.div_ceil(piece);
+    let base = addr(device, src);
+    let range = |i: usize| i * piece..((i + 1) * piece).min(total);
+    let issue = |staging: &mut StagingGuard<'_>, i: usize| -> Result<()> {
+        let (buffer, copied) = staging.buffer(i % 2);
+        let values = range(i);
+        let target = &mut buffer
+            .as_mut_slice()
+            .map_err(cuda_err("copying from the device"))?[..values.len() * size];
+        // SAFETY: the source range lies inside `src` (on this stream); the pinned target is not
+        // read before `copied` says this copy is done, nor written by another copy before the
+        // cores have copied its last piece out (the loop below waits for that first).
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(
+                target,
+                base + (values.start * size) as u64,
+                device.stream.cu_stream(),
+            )
+        }
+        .map_err(cuda_err("copying from the device"))?;
+        copied
+            .record(&device.stream)
+            .map_err(cuda_err("copying from the device"))
+    };
+    issue(&mut staging, 0)?;
+    for i in 0..pieces {
+        if i + 1 < pieces {
+            issue(&mut staging, i + 1)?;
+        }
+        let (buffer, copied) = staging.buffer(i % 2);
+        copied
+            .synchronize()
+            .map_err(cuda_err("copying from the device"))?;
+        let values = range(i);
+        let bytes = buffer
+            .as_slice()
+            .map_err(cuda_err("copying from the device"))?;
+        // SAFETY: the buffer (page-aligned pinned memory) holds the piece's values as the device
+        // had them, `T: DeviceRepr` plain data.
+        let piece: &[T] =
+            unsafe { std::slice::from_raw_parts(bytes.as_ptr().cast(), values.len()) };
+        if stride == columns {
+            fill_pool().install(|| {
+                dst[values.clone()]
+                    .par_chunks_mut(1 << 17)
+                    .zip(piece.par_chunks(1 << 17))
+                    .for_each(|(to, from)| to.copy_from_slice(from))
+            });
+        } else {
+            scatter_rows(piece, values.start, columns, dst, stride);
+        }
+    }
+    Ok(())
+}
+
+/// Values `first..first + block.len()` of a block of rows of `columns` values each, into `dst`
+/// with its rows `stride` apart.
+fn scatter_rows<T: Copy>(block: &[T], first: usize, columns: usize, dst: &mut [T], stride: usize) {
+    let end = first + block.len();
+    let mut at = first;
+    while at < end {
+        let (row, column) = (at / columns, at % columns);
+        let take = (columns - column).min(end - at);
+        let to = row * stride + column;
+        dst[to..to + take].copy_from_slice(&block[at - first..at - first + take]);
+        at += take;
+    }
+}
+
 /// The threads that fill the staging buffers: their own pool, so that a large upload keeps
 /// going while the global pool's cores prepare the rest of the right side (a fill queued behind
 /// that work waited for all of it).

@@ -35,7 +35,7 @@ pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
     join_pieces, join_shards, max_chunk_nnz, split_row_ranges, Backend, Cancel, JoinIndex,
-    ProbeOptions, Probed, ReplicatedIndex, Selection,
+    MatrixOut, MatrixRows, ProbeOptions, Probed, ReplicatedIndex, Selection,
 };
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
@@ -448,5 +448,17 @@ impl JoinIndex for GpuIndex {
 
     fn build_bytes_to_device(&self) -> u64 {
         self.stats().bytes_to_device
+    }
+
+    /// The folded metrics' block written on the device and copied out once per chunk of left
+    /// rows (`index/matrix.rs`); the others, and a right side streamed in parts, by the default
+    /// probe within an infinite radius.
+    fn distance_matrix(
+        &self,
+        metric: &Metric,
+        left: MatrixRows<'_>,
+        out: MatrixOut<'_>,
+    ) -> Result<()> {
+        self.distance_matrix_on_device(metric, left, out)
     }
 }

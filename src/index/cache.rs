@@ -292,8 +292,9 @@ pub(crate) fn task_cache(
         None => Bound::Machine {
             host: match context.memory_pool().memory_limit() {
                 MemoryLimit::Finite(pool) => pool / 4,
-                MemoryLimit::Infinite | MemoryLimit::Unknown => physical_memory()
-                    .map_or(UNBOUNDED_POOL_DEFAULT, |bytes| bytes / 2),
+                MemoryLimit::Infinite | MemoryLimit::Unknown => {
+                    physical_memory().map_or(UNBOUNDED_POOL_DEFAULT, |bytes| bytes / 2)
+                }
             },
             // A GPU side's build found room for it on its devices (their free memory is its
             // budget); what the cache keeps there is bounded by the devices themselves.

@@ -28,15 +28,16 @@ use datafusion::datasource::provider_as_source;
 use datafusion::logical_expr::LogicalPlanBuilder;
 use datafusion::prelude::SessionContext;
 
-pub use file::FORMAT_VERSION;
-pub(crate) use table::stored_source;
 pub use cache::IndexCache;
 pub(crate) use cache::{task_cache, Lookup};
+pub use file::FORMAT_VERSION;
 pub(crate) use identity::identify;
 pub(crate) use kept::KeptSide;
+pub(crate) use table::stored_source;
 pub use table::{IndexScanExec, IndexTable};
 
 use crate::cpu::CpuIndex;
+use crate::device::{resolve_device, Device};
 use crate::gpu::{ColumnMap, ColumnProfile, GpuBackend, GpuOptions};
 use crate::join::{
     join_shards, max_chunk_nnz, split_row_ranges, split_rows, Cancel, JoinIndex, PairList,
@@ -45,7 +46,6 @@ use crate::join::{
 use crate::join::{MatrixOut, MatrixRows, RowMask};
 use crate::metric::Metric;
 use crate::options::JoinOptions;
-use crate::device::{resolve_device, Device};
 use crate::vector::{find_vector_column, Side};
 use crate::vector::{PendingChecks, SparseBatch, VectorCheck};
 use file::{CpuShards, IndexFile};

@@ -212,7 +212,11 @@ fn gather(left: &SparseBatch, rows: &[usize]) -> SparseBatch {
         .iter()
         .map(|&r| {
             let (indices, values) = left.row(r);
-            indices.iter().copied().zip(values.iter().copied()).collect()
+            indices
+                .iter()
+                .copied()
+                .zip(values.iter().copied())
+                .collect()
         })
         .collect();
     SparseBatch::from_rows(entries.iter().map(|e| Some(e.as_slice())))

@@ -184,11 +184,10 @@ impl ReplicatedIndex {
         mask: Option<&RowMask>,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        let probe = |replica: &dyn JoinIndex, left: &SparseBatch, options: ProbeOptions| {
-            match mask {
-                None => replica.probe_cancellable(left, selection, options, cancel),
-                Some(mask) => replica.probe_masked(left, selection, options, mask, cancel),
-            }
+        let probe = |replica: &dyn JoinIndex, left: &SparseBatch, options: ProbeOptions| match mask
+        {
+            None => replica.probe_cancellable(left, selection, options, cancel),
+            Some(mask) => replica.probe_masked(left, selection, options, mask, cancel),
         };
         if self.replicas.len() == 1 {
             return probe(&*self.replicas[0], left, options);
@@ -236,7 +235,6 @@ impl ReplicatedIndex {
         }
         Ok(out)
     }
-
 }
 
 impl JoinIndex for ReplicatedIndex {

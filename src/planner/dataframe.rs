@@ -5,8 +5,8 @@ use datafusion::common::Result;
 use datafusion::dataframe::DataFrame;
 
 use super::logical::SparseJoinNode;
-use crate::index::SparseIndex;
 use super::spec::{JoinKind, JoinSpec, OptionsSource};
+use crate::index::SparseIndex;
 use crate::options::session_options;
 
 /// For every row of `left`, its `k` nearest rows of `right` under `metric`.

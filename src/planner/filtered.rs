@@ -10,12 +10,16 @@
 
 use std::sync::Arc;
 
+use arrow::datatypes::Schema;
 use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode};
-use datafusion::common::{Column, Result};
+use datafusion::common::{Column, DFSchema, Result};
 use datafusion::execution::context::SessionState;
 use datafusion::logical_expr::utils::conjunction;
-use datafusion::logical_expr::{Expr, LogicalPlan, LogicalPlanBuilder, TableScan, TableScanBuilder};
+use datafusion::logical_expr::{
+    Expr, LogicalPlan, LogicalPlanBuilder, TableScan, TableScanBuilder,
+};
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::PhysicalPlanner;
 
@@ -29,6 +33,9 @@ const PASS_COLUMN: &str = "__sparse_knn_pass";
 pub(super) struct FilteredRight {
     pub right: Arc<dyn ExecutionPlan>,
     pub mask: Arc<dyn ExecutionPlan>,
+    /// The predicate over the right side's other columns (those the kept side holds), where it
+    /// reads only those: evaluated over the kept columns, it needs no scan at all.
+    pub over_kept: Option<Arc<dyn PhysicalExpr>>,
 }
 
 /// The right input of `node` as an unfiltered source and a mask, where it is a filter over one
@@ -110,15 +117,47 @@ pub(super) async fn filtered_right(
             .build()?,
     );
     let mask = LogicalPlanBuilder::from(mask_scan)
-        .project(vec![predicate.alias(PASS_COLUMN)])?
+        .project(vec![predicate.clone().alias(PASS_COLUMN)])?
         .build()?;
     let mask = planner.create_physical_plan(&mask, state).await?;
+    let over_kept = over_kept_columns(&predicate, &wanted, &node.right_vector, session);
     log::debug!(
         "{}: the right side's filter is a mask over {}'s kept index",
         node.spec.function_name(),
         scan.table_name
     );
-    Ok(Some(FilteredRight { right, mask }))
+    Ok(Some(FilteredRight {
+        right,
+        mask,
+        over_kept,
+    }))
+}
+
+/// `predicate` over the right side's columns less its vectors (the kept side's `others`), where
+/// it reads only those; None where it reads another or does not plan.
+fn over_kept_columns(
+    predicate: &Expr,
+    right: &Schema,
+    vectors: &str,
+    session: &dyn Session,
+) -> Option<Arc<dyn PhysicalExpr>> {
+    let others: Vec<_> = right
+        .fields()
+        .iter()
+        .filter(|f| f.name() != vectors)
+        .cloned()
+        .collect();
+    let reads_only_those = predicate
+        .column_refs()
+        .iter()
+        .all(|c| others.iter().any(|f| f.name() == &c.name));
+    if !reads_only_those || others.is_empty() {
+        return None;
+    }
+    let schema = DFSchema::try_from(Schema::new(others)).ok()?;
+    session
+        .create_physical_expr(predicate.clone(), &schema)
+        .ok()
 }
 
 fn unqualified(expr: Expr) -> Result<Expr> {
@@ -144,10 +183,7 @@ fn filters_over_scan(plan: &LogicalPlan) -> Option<(&TableScan, Vec<Expr>)> {
                 plan = filter.input.as_ref();
             }
             LogicalPlan::Projection(projection)
-                if projection
-                    .expr
-                    .iter()
-                    .all(|e| matches!(e, Expr::Column(_))) =>
+                if projection.expr.iter().all(|e| matches!(e, Expr::Column(_))) =>
             {
                 plan = projection.input.as_ref();
             }

@@ -37,14 +37,14 @@ use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
 pub use exec::{poll_inputs_in_place, SparseJoinExec};
-pub use gather::{gather, gathered, in_file_order, GatherExec};
 use filtered::filtered_right;
+pub use gather::{gather, gathered, in_file_order, GatherExec};
 pub use logical::SparseJoinNode;
 pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};
 pub use source::is_object_store_url;
 pub use spec::{
-    JoinKind, JoinSpec, Layout, OptionsSource,
-    DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX, RANK_COLUMN,
+    JoinKind, JoinSpec, Layout, OptionsSource, DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX,
+    RANK_COLUMN,
 };
 pub use sql::SparseJoinRelationPlanner;
 // The device and the vector column, which the planner resolves, for embedders that name them
@@ -124,7 +124,7 @@ impl ExtensionPlanner for SparseJoinPlanner {
         let device = resolve_device(node.spec.function_name(), node.spec.options.device)?;
         let right = &physical_inputs[1];
         if let Some(filtered) = filtered_right(node, planner, session, right).await? {
-            return Ok(Some(Arc::new(SparseJoinExec::try_new_masked(
+            let join = SparseJoinExec::try_new_masked(
                 Arc::clone(&node.spec),
                 device,
                 Arc::clone(&physical_inputs[0]),
@@ -132,7 +132,8 @@ impl ExtensionPlanner for SparseJoinPlanner {
                 Some(filtered.mask),
                 &node.left_vector,
                 &node.right_vector,
-            )?)));
+            )?;
+            return Ok(Some(Arc::new(join.with_mask_over_kept(filtered.over_kept))));
         }
         let plan = if node.spec.options.right_shards > 1 {
             plan_sharded

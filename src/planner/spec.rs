@@ -209,7 +209,6 @@ impl fmt::Display for JoinSpec {
     }
 }
 
-
 /// How the two inputs' columns become the output columns.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Layout {
@@ -314,7 +313,6 @@ impl Layout {
         (left, right)
     }
 }
-
 
 /// The prefix of an input's columns in the join's output.
 fn column_prefix(side: Side) -> &'static str {

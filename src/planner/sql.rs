@@ -152,7 +152,6 @@ impl Function {
     }
 }
 
-
 /// Folds a planned argument to a constant (literals, negated literals, casts of literals).
 pub(crate) fn constant(expr: &Expr) -> Option<ScalarValue> {
     match expr {

@@ -22,8 +22,8 @@ use datafusion::physical_plan::ExecutionPlan;
 use super::exec::SparseJoinExec;
 use super::source::{looks_like_path, path_table};
 use super::spec::{JoinSpec, Layout, OptionsSource};
-use crate::device::{resolve_device, Device};
 use super::sql::{constant, string_of, Function};
+use crate::device::{resolve_device, Device};
 use crate::options::session_options;
 
 /// `knn_join` or `radius_join` as a [`TableFunctionImpl`].

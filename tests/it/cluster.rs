@@ -107,6 +107,7 @@ fn in_root() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sql_examples_on_a_standalone_cluster_equal_the_local_engine() {
+    let _cluster = crate::common::IN_PROCESS_CLUSTER.lock().await;
     in_root();
     let mut files: Vec<PathBuf> = std::fs::read_dir(Path::new(ROOT).join("sql-examples"))
         .unwrap()
@@ -132,6 +133,7 @@ async fn sql_examples_on_a_standalone_cluster_equal_the_local_engine() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settings_travel_to_the_executors() {
+    let _cluster = crate::common::IN_PROCESS_CLUSTER.lock().await;
     in_root();
     // sparse_distance reads its defaults from the session config where it runs: on the
     // executors. With p=3 set on the client, the cluster must answer what the local engine does
@@ -209,6 +211,7 @@ async fn sharded_right_side_equals_one_shard() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sharded_right_side_on_a_cluster_equals_the_local_engine() {
+    let _cluster = crate::common::IN_PROCESS_CLUSTER.lock().await;
     in_root();
     let cluster = standalone_context(2).await.unwrap();
     let sql = format!(

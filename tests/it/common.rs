@@ -496,3 +496,8 @@ pub async fn explain_counters(ctx: &SessionContext, sql: &str, names: &[&str]) -
         })
         .collect()
 }
+
+/// Held by the tests that run an in-process cluster (`standalone_context`): its executors share
+/// one index cache per process, whose build counters a test reads, and the tests are modules of
+/// one binary now, run side by side.
+pub static IN_PROCESS_CLUSTER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());

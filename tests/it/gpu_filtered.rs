@@ -61,8 +61,11 @@ fn masked_gpu_probes_answer_as_the_cpu_for_every_metric() {
                                 .iter()
                                 .zip(&want.left)
                                 .any(|(&d, &l)| l == got.left[i] && (d - g).abs() <= tol);
-                            assert!(near, "{what}: pair {i}: right row {} against {}",
-                                got.right[i], want.right[i]);
+                            assert!(
+                                near,
+                                "{what}: pair {i}: right row {} against {}",
+                                got.right[i], want.right[i]
+                            );
                         }
                     }
                 }

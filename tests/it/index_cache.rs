@@ -21,8 +21,8 @@ fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
         .collect()
 }
 use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion_sparse_knn::metric::MetricKind;
 use datafusion_sparse_knn::index::IndexCache;
+use datafusion_sparse_knn::metric::MetricKind;
 
 /// A session like `register_all`'s, with the cache bound `index_cache` (None: the default).
 fn session(index_cache: Option<&str>) -> SessionContext {
@@ -354,6 +354,7 @@ fn cache_of(ctx: &SessionContext) -> Arc<IndexCache> {
 #[cfg(feature = "cluster")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_executor_builds_a_right_side_once_for_all_its_tasks_and_queries() {
+    let _cluster = common::IN_PROCESS_CLUSTER.lock().await;
     use datafusion_sparse_knn::cluster::{executor_index_cache, standalone_context};
     let dir = tempfile::tempdir().unwrap();
     let left = dir.path().join("left");

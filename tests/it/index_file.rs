@@ -11,8 +11,8 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use arrow::array::RecordBatch;
 use crate::common::{collect, counts, explain_counters, write_parquet};
+use arrow::array::RecordBatch;
 use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::index::SparseIndex;
 use datafusion_sparse_knn::join::{PairList, ProbeOptions, Selection};

@@ -16,7 +16,6 @@ use datafusion_sparse_knn::{planner, SparseBatch};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-
 use crate::common::pairs;
 
 const DIM: i32 = 40;

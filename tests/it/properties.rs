@@ -6,16 +6,15 @@
 //! (proptest was weighed: its features re-resolve num-traits for the whole dependency graph, so
 //! the tests would rebuild Arrow and DataFusion apart from the CLI; seeded cases cost no build.)
 
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::common::{reference, tolerance_ok};
 use arrow::array::{
     ArrayRef, Float32Builder, Float64Builder, Int32Builder, Int64Builder, LargeListBuilder,
     ListBuilder, MapBuilder, RecordBatch, StructArray, UInt32Builder,
 };
 use arrow::datatypes::{DataType, Field, Fields, Schema};
-use crate::common::{reference, tolerance_ok};
 use datafusion::datasource::MemTable;
 use datafusion_sparse_knn::cpu::{probe, CpuIndex, ProbeOptions, Selection};
 use datafusion_sparse_knn::metric::{Metric, MetricKind};

@@ -5,11 +5,10 @@
 //! The CPU cases run in CI; the GPU ones need a CUDA GPU:
 //! `cargo test --release --test real_counts -- --ignored --test-threads=1`.
 
-
 use std::fs::File;
 
-use arrow::array::{Array, StructArray};
 use crate::common::{reference, tolerance_ok, Row};
+use arrow::array::{Array, StructArray};
 use datafusion_sparse_knn::cpu::{CpuIndex, PairList, ProbeOptions, Selection};
 use datafusion_sparse_knn::gpu::{self, GpuIndex, GpuOptions};
 use datafusion_sparse_knn::join::JoinIndex;

@@ -14,7 +14,8 @@
 //! - `layout.rs`: the build's layout, the parts prepared on the host, their upload;
 //! - `probe.rs`: a probe cut into launches, run over the parts, merged;
 //! - `certified.rs`: the certified metrics' bounds, exact step and candidate pass;
-//! - `large_k.rs`: a k above the kernels' top-k, selected on the host.
+//! - `large_k.rs`: a k above the kernels' top-k, selected on the host;
+//! - `matrix.rs`: the distance matrix of the folded metrics, a block of float64 on the device.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,7 @@ mod certified;
 mod exact;
 mod large_k;
 mod layout;
+mod matrix;
 mod probe;
 
 use certified::Bounds;

@@ -12,6 +12,7 @@ use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_err, DataFusionError, Result};
 use datafusion::execution::memory_pool::MemoryConsumer;
 use datafusion::execution::TaskContext;
+use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::metrics::{
     Count, ExecutionPlanMetricsSet, Gauge, MetricBuilder, Time,
 };
@@ -19,18 +20,17 @@ use datafusion::physical_plan::{ExecutionPlan, ExecutionPlanProperties};
 use futures::future::{BoxFuture, FutureExt};
 use futures::StreamExt;
 
+use super::Probing;
 use super::{inputs_on_own_tasks, key_column};
 use crate::cpu::CpuBackend;
+use crate::device::Device;
 use crate::gpu::{GpuBackend, GpuOptions};
-use crate::join::{max_chunk_nnz, Backend, JoinIndex, KeyGroups};
-use crate::options::ExcludeSelf;
-use super::Probing;
 use crate::index::{identify, task_cache, KeptSide, Lookup};
 use crate::join::RowMask;
-use crate::device::Device;
+use crate::join::{max_chunk_nnz, Backend, JoinIndex, KeyGroups};
+use crate::options::ExcludeSelf;
 use crate::planner::spec::{JoinSpec, Layout};
 use crate::vector::SparseBatch;
-
 
 /// What the blocking build task hands back: the index, the key groups, the right input itself
 /// (when kept), the right side's other columns, the index's memory, the bytes it copied to a device, and the right side's row count.
@@ -107,6 +107,8 @@ pub(super) struct BuildJob {
     pub(super) right: Arc<dyn ExecutionPlan>,
     /// The filter's mask plan of a filtered right side (see `SparseJoinExec`).
     pub(super) right_mask: Option<Arc<dyn ExecutionPlan>>,
+    /// The filter over the kept side's other columns, where it reads only those.
+    pub(super) mask_over_kept: Option<Arc<dyn PhysicalExpr>>,
     pub(super) layout: Layout,
     pub(super) context: Arc<TaskContext>,
     pub(super) metrics: BuildMetrics,
@@ -117,13 +119,19 @@ impl BuildJob {
     /// (and kept there when the session has a cache).
     pub(super) async fn run(mut self) -> Result<Arc<Probing>> {
         let mask_plan = self.right_mask.take();
+        let over_kept = self.mask_over_kept.take();
         let (context, name) = (Arc::clone(&self.context), self.name);
         let passed = self.metrics.rows_passed.clone();
         let side = self.kept_side().await?;
         let mask = match mask_plan {
             None => None,
             Some(plan) => {
-                let mask = read_mask(plan, &context, side.rows, name).await?;
+                let mask = match over_kept {
+                    Some(predicate) if side.others.num_rows() == side.rows => {
+                        mask_of_kept(predicate.as_ref(), &side.others, name)?
+                    }
+                    _ => read_mask(plan, &context, side.rows, name).await?,
+                };
                 passed.add(mask.passing());
                 Some(mask)
             }
@@ -500,4 +508,17 @@ async fn read_mask(
         );
     }
     Ok(RowMask::new(pass))
+}
+
+/// The rows of the kept side's other columns that `predicate` passes (a NULL does not pass).
+fn mask_of_kept(predicate: &dyn PhysicalExpr, others: &RecordBatch, name: &str) -> Result<RowMask> {
+    let values = predicate.evaluate(others)?.into_array(others.num_rows())?;
+    let Some(pass) = values.as_any().downcast_ref::<arrow::array::BooleanArray>() else {
+        return exec_err!("{name}: the right side's filter did not give a Boolean column");
+    };
+    Ok(RowMask::new(
+        (0..pass.len())
+            .map(|i| pass.is_valid(i) && pass.value(i))
+            .collect(),
+    ))
 }

@@ -49,9 +49,9 @@ mod output;
 mod probe;
 mod stream;
 
-use build::{BuildJob, BuildMetrics};
 use crate::index::KeptSide;
 use crate::join::RowMask;
+use build::{BuildJob, BuildMetrics};
 use probe::ProbeJob;
 
 /// Pairs one probe may produce at most: a left batch is probed in slices of rows whose pairs
@@ -115,6 +115,10 @@ pub struct SparseJoinExec {
     /// row of the unfiltered right input each, read in the right input's order. `right` is
     /// then the unfiltered input, whose index is built once and kept.
     right_mask: Option<Arc<dyn ExecutionPlan>>,
+    /// The same predicate over the right side's other columns, where it reads only those: the
+    /// kept side holds them, so the mask needs no scan (`right_mask` is what a cluster executor
+    /// runs: this expression does not travel).
+    mask_over_kept: Option<Arc<dyn PhysicalExpr>>,
     layout: Layout,
     schema: SchemaRef,
     /// The right side, built by whichever output partition asks first and shared by all.
@@ -191,6 +195,7 @@ impl SparseJoinExec {
             left,
             right,
             right_mask,
+            mask_over_kept: None,
             layout,
             schema,
             build: Mutex::new(None),
@@ -215,6 +220,14 @@ impl SparseJoinExec {
         &self.right
     }
 
+    /// With `predicate` over the right side's other columns (see `planner/filtered.rs`).
+    pub fn with_mask_over_kept(mut self, predicate: Option<Arc<dyn PhysicalExpr>>) -> Self {
+        if self.right_mask.is_some() {
+            self.mask_over_kept = predicate;
+        }
+        self
+    }
+
     /// The filter's mask of a filtered right side over a kept index.
     pub fn right_mask(&self) -> Option<&Arc<dyn ExecutionPlan>> {
         self.right_mask.as_ref()
@@ -237,7 +250,7 @@ impl SparseJoinExec {
         right: Arc<dyn ExecutionPlan>,
         right_mask: Option<Arc<dyn ExecutionPlan>>,
     ) -> Result<Self> {
-        Self::try_new_masked(
+        Ok(Self::try_new_masked(
             Arc::clone(&self.spec),
             self.device,
             left,
@@ -245,7 +258,8 @@ impl SparseJoinExec {
             right_mask,
             &Self::vector_name(&self.left, self.layout.left_vector),
             &Self::vector_name(&self.right, self.layout.right_vector),
-        )
+        )?
+        .with_mask_over_kept(self.mask_over_kept.clone()))
     }
 
     /// exclude_self=true with both children alike (the logical node gives both the same
@@ -270,6 +284,7 @@ impl SparseJoinExec {
             device: self.device,
             right: Arc::clone(&self.right),
             right_mask: self.right_mask.clone(),
+            mask_over_kept: self.mask_over_kept.clone(),
             layout: self.layout.clone(),
             context: Arc::clone(context),
             metrics: BuildMetrics::new(&self.metrics),
@@ -324,6 +339,15 @@ fn physical_layout(
 }
 
 impl SparseJoinExec {
+    /// `, right_filter=mask` for a filtered right side over a kept index (its third input).
+    fn mask_label(&self) -> &'static str {
+        if self.right_mask.is_some() {
+            ", right_filter=mask"
+        } else {
+            ""
+        }
+    }
+
     /// `, gpus=0,1` when a GPU join was asked for some GPUs (the default is all of them).
     fn gpus_label(&self) -> String {
         match (&self.device, &self.spec.options.gpus) {
@@ -344,20 +368,22 @@ impl DisplayAs for SparseJoinExec {
         match t {
             DisplayFormatType::Default => write!(
                 f,
-                "{}: {}, device={}{}",
+                "{}: {}, device={}{}{}",
                 self.display_name(),
                 self.spec,
                 self.device,
-                self.gpus_label()
+                self.gpus_label(),
+                self.mask_label()
             ),
             DisplayFormatType::Verbose => {
                 write!(
                     f,
-                    "{}: {}, device={}{}",
+                    "{}: {}, device={}{}{}",
                     self.display_name(),
                     self.spec,
                     self.device,
-                    self.gpus_label()
+                    self.gpus_label(),
+                    self.mask_label()
                 )?;
                 // Why device=auto chose the CPU.
                 if self.spec.options.device == DeviceChoice::Auto && self.device == Device::Cpu {

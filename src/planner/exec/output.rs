@@ -9,8 +9,8 @@ use arrow::array::{
 use arrow::compute::take;
 use datafusion::common::Result;
 
-use crate::index::KeptSide;
 use super::probe::ProbeJob;
+use crate::index::KeptSide;
 use crate::join::PairList;
 
 impl ProbeJob {

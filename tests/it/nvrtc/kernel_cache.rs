@@ -358,7 +358,7 @@ fn a_module_from_the_cache_gives_the_answers_of_a_compiled_one() {
         let started = std::time::Instant::now();
         let status = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
-                "kernel_cache::gpu_child_process",
+                "nvrtc_compile::kernel_cache::gpu_child_process",
                 "--exact",
                 "--ignored",
                 "--nocapture",
