@@ -92,7 +92,14 @@ async fn a_kernel_fault_leaves_auto_on_the_cpu_or_a_fresh_gpu() {
     if std::env::var_os(CHILD).is_none() {
         let name = "gpu_sql::a_kernel_fault_leaves_auto_on_the_cpu_or_a_fresh_gpu";
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([name, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
+            .args([
+                name,
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
             .env(CHILD, "1")
             .output()
             .unwrap();
