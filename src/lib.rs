@@ -58,13 +58,27 @@ pub fn register_all(ctx: &SessionContext) -> datafusion::common::Result<()> {
     Ok(())
 }
 
+/// The runtime of every session this crate sets up (the CLI, the shell, Python, a cluster's
+/// scheduler and executors): DataFusion's defaults, except that a folder's listing is not kept.
+/// DataFusion keeps the first listing of a table's folder for the session's life by default
+/// (`datafusion.runtime.list_files_cache_limit` 1M, no TTL), so a long-lived session (the shell,
+/// an application, a server) never sees a file added to a folder; listing again costs a
+/// directory read (or one LIST request) per statement. A session built elsewhere gets the same
+/// with `RuntimeEnvBuilder::with_object_list_cache_limit(0)` (docs/sql.md).
+pub fn runtime_env_builder() -> datafusion::execution::runtime_env::RuntimeEnvBuilder {
+    datafusion::execution::runtime_env::RuntimeEnvBuilder::new().with_object_list_cache_limit(0)
+}
+
 /// A session with the `sparse_knn` settings and every function registered, and the
 /// information schema on (so `SHOW sparse_knn.device` works).
 pub fn session_context() -> SessionContext {
     let config = SessionConfig::new()
         .with_information_schema(true)
         .with_option_extension(SparseKnnConfig::default());
-    let ctx = SessionContext::new_with_config(config);
+    let runtime = runtime_env_builder()
+        .build_arc()
+        .expect("a runtime of defaults builds");
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
     register_all(&ctx).expect("registering the crate's functions in a new session cannot fail");
     ctx
 }

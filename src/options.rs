@@ -224,7 +224,7 @@ impl fmt::Display for DeviceChoice {
 
 /// Keys of the options string that name columns of one call's inputs, so they are not session
 /// settings.
-pub const PER_CALL_KEYS: &[&str] = &["left_column", "right_column", "right_shards"];
+pub const PER_CALL_KEYS: &[&str] = &["left_column", "right_column", "right_shards", "within"];
 
 /// Every key the options string accepts: the session settings ([`SparseKnnConfig::KEYS`]) and
 /// [`PER_CALL_KEYS`], in the order error messages list them. (A test checks that it stays
@@ -234,6 +234,7 @@ pub const OPTION_KEYS: &[&str] = &[
     "dim",
     "device",
     "exclude_self",
+    "within",
     "left_column",
     "right_column",
     "gpu_memory_limit",
@@ -250,6 +251,8 @@ pub struct JoinOptions {
     pub dim: Option<u64>,
     pub device: DeviceChoice,
     pub exclude_self: ExcludeSelf,
+    /// `within=COLUMN`: only right rows whose COLUMN equals the left row's (NULL matches none).
+    pub within: Option<String>,
     pub left_column: Option<String>,
     pub right_column: Option<String>,
     pub gpu_memory_limit: Option<u64>,
@@ -279,6 +282,7 @@ impl JoinOptions {
             dim: None,
             device: DeviceChoice::Auto,
             exclude_self: ExcludeSelf::Off,
+            within: None,
             left_column: None,
             right_column: None,
             gpu_memory_limit: None,
@@ -369,6 +373,19 @@ impl JoinOptions {
                         ))
                     }
                 }
+            }
+            "within" => {
+                if value.is_empty()
+                    || !value
+                        .chars()
+                        .all(|c| c.is_alphanumeric() || c == '_' || c == ' ')
+                {
+                    return Err(format!(
+                        "option within must be a column name (the left and right rows' group, \
+                         e.g. within=tenant), got '{value}'"
+                    ));
+                }
+                self.within = Some(value.to_string())
             }
             "left_column" => self.left_column = Some(value.to_string()),
             "right_column" => self.right_column = Some(value.to_string()),

@@ -35,7 +35,6 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use datafusion::catalog::{DynamicFileCatalog, UrlTableFactory};
 use datafusion::execution::context::SessionContext;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig};
 use indicatif::{ProgressBar, ProgressStyle};
 use parquet::basic::Compression;
@@ -235,7 +234,7 @@ fn session_parts(options: &SessionOptions) -> CliResult<(SessionContext, Arc<sto
     let config = SessionConfig::new()
         .with_information_schema(true)
         .with_option_extension(crate::options::SparseKnnConfig::default());
-    let mut runtime = RuntimeEnvBuilder::new()
+    let mut runtime = crate::runtime_env_builder()
         .with_object_store_registry(Arc::new(store::EnvObjectStores::default()));
     if let Some(bytes) = options.memory_limit {
         let bytes = usize::try_from(bytes)

@@ -17,7 +17,6 @@ use ballista_core::serde::protobuf::scheduler_grpc_client::SchedulerGrpcClient;
 use ballista_core::serde::BallistaCodec;
 use ballista_core::RuntimeProducer;
 use datafusion::common::{DataFusionError, Result};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::execution::session_state::{SessionState, SessionStateBuilder};
 use datafusion::prelude::{SessionConfig, SessionContext};
 
@@ -75,6 +74,10 @@ pub fn executor_index_cache() -> Arc<crate::index::IndexCache> {
 /// defaults, Ballista's optimizer rules, and everything `register_all` adds.
 pub fn server_state(config: SessionConfig) -> Result<SessionState> {
     let state = ballista_core::utils::default_session_builder(upgrade_for_cluster(config))?;
+    // The scheduler lists a query's folders when it plans: each job lists them afresh.
+    let state = SessionStateBuilder::new_from_existing(state)
+        .with_runtime_env(crate::runtime_env_builder().build_arc()?)
+        .build();
     let ctx = SessionContext::new_with_state(state);
     crate::register_all(&ctx)?;
     Ok(ctx.state())
@@ -220,7 +223,7 @@ pub async fn standalone_context(concurrency: usize) -> Result<SessionContext> {
     let scheduler = scheduler
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES);
-    let runtime = RuntimeEnvBuilder::new().build_arc()?;
+    let runtime = crate::runtime_env_builder().build_arc()?;
     let runtime_producer: RuntimeProducer = Arc::new(move |_| Ok(Arc::clone(&runtime)));
     ballista_executor::new_standalone_executor_from_builder(
         scheduler,

@@ -2,12 +2,14 @@
 //! what later statements probe while the index cache holds it — the index, the right rows'
 //! other columns for the output, the key groups, and the memory it holds.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use arrow::array::RecordBatch;
+use datafusion::common::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
-use crate::join::{JoinIndex, KeyGroups};
+use crate::join::{GroupMembers, JoinIndex, KeyGroups};
 
 /// The right side, ready to probe.
 pub(crate) struct KeptSide {
@@ -26,4 +28,20 @@ pub(crate) struct KeptSide {
     /// Bytes copied to devices (GPU-resident sides), counted against the devices' memory.
     pub(crate) device_bytes: usize,
     pub(crate) _reservation: Arc<MemoryReservation>,
+    /// `within=COLUMN`'s groups, by column of `others`: made by the first statement that asks,
+    /// kept with the side (a new grouping costs a pass over one column, not a build).
+    pub(crate) within_groups: Mutex<HashMap<usize, Arc<GroupMembers>>>,
+}
+
+impl KeptSide {
+    /// The groups of column `column` of `others` (see `within_groups`).
+    pub(crate) fn groups_of(&self, column: usize) -> Result<Arc<GroupMembers>> {
+        let mut held = self.within_groups.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(groups) = held.get(&column) {
+            return Ok(Arc::clone(groups));
+        }
+        let groups = Arc::new(GroupMembers::build(self.others.column(column))?);
+        held.insert(column, Arc::clone(&groups));
+        Ok(groups)
+    }
 }

@@ -15,7 +15,7 @@ use super::pairs::PairList;
 use super::selection::Selection;
 
 /// A row whose key is NULL: equal to nothing.
-const NO_GROUP: u32 = u32::MAX;
+pub(super) const NO_GROUP: u32 = u32::MAX;
 
 /// The right side's key groups.
 #[derive(Debug)]
@@ -112,6 +112,16 @@ impl KeyGroups {
             }
         }
         out
+    }
+
+    /// The group of every right row ([`NO_GROUP`] for a NULL key).
+    pub(super) fn right_groups(&self) -> &[u32] {
+        &self.right
+    }
+
+    /// Distinct non-NULL keys of the right side.
+    pub(super) fn group_count(&self) -> usize {
+        self.groups.len()
     }
 
     /// Bytes held (for the session's memory pool).

@@ -42,6 +42,20 @@ impl RowMask {
         }
     }
 
+    /// The mask of `len` rows that passes `rows` alone (sorted, distinct, each below `len`).
+    pub fn from_rows(len: usize, rows: &[u32]) -> Self {
+        let mut pass = vec![false; len];
+        for &r in rows {
+            pass[r as usize] = true;
+        }
+        RowMask {
+            rows: pass.into(),
+            first: 0,
+            len,
+            passing: rows.len(),
+        }
+    }
+
     /// Right rows the mask covers.
     pub fn len(&self) -> usize {
         self.len
@@ -137,7 +151,7 @@ pub fn probe_masked_by_growing<I: JoinIndex + ?Sized>(
         let (batch, probe_options, asked) = if first_round {
             (left.clone(), options, ask)
         } else {
-            let rows = gather(left, &pending);
+            let rows = left.gather(&pending);
             let extra = usize::from(options.exclude_self_from.is_some());
             (rows, ProbeOptions::default(), (ask + extra).min(n))
         };
@@ -204,20 +218,4 @@ fn kept(pairs: &PairList, mask: &RowMask) -> PairList {
         }
     }
     out
-}
-
-/// The rows `rows` of `left`, in that order, as a batch.
-fn gather(left: &SparseBatch, rows: &[usize]) -> SparseBatch {
-    let entries: Vec<Vec<(i32, f32)>> = rows
-        .iter()
-        .map(|&r| {
-            let (indices, values) = left.row(r);
-            indices
-                .iter()
-                .copied()
-                .zip(values.iter().copied())
-                .collect()
-        })
-        .collect();
-    SparseBatch::from_rows(entries.iter().map(|e| Some(e.as_slice())))
 }

@@ -15,6 +15,7 @@ mod replicated;
 mod selection;
 mod sharded;
 mod topk;
+mod within;
 
 pub use backend::{build_shards, join_shards, Backend, JoinIndex, Probed};
 pub use cancel::{Cancel, CancelOnDrop};
@@ -29,3 +30,4 @@ pub use replicated::ReplicatedIndex;
 pub use selection::{within, ProbeOptions, Selection};
 pub use sharded::{join_pieces, max_chunk_nnz, split_row_ranges, split_rows, Shard, ShardedIndex};
 pub use topk::TopK;
+pub use within::{probe_within_groups, GroupMembers};

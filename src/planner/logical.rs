@@ -29,6 +29,48 @@ pub(crate) fn exclusion_column(schema: &Schema, column: &str) -> Option<usize> {
     })
 }
 
+/// A key column option (`exclude_self=COLUMN`, `within=COLUMN`) names a column of both inputs
+/// that is not their vector column.
+fn check_key_column(
+    spec: &JoinSpec,
+    option: &str,
+    column: &str,
+    left: &LogicalPlan,
+    right: &LogicalPlan,
+    layout: &Layout,
+) -> Result<()> {
+    for (side, plan, vector) in [
+        ("left", left, layout.left_vector),
+        ("right", right, layout.right_vector),
+    ] {
+        let schema = plan.schema().as_arrow();
+        match exclusion_column(schema, column) {
+            Some(i) if i == vector => {
+                return plan_err!(
+                    "{}: {option}={column}: '{column}' is the {side} input's vector column; \
+                     name a key column (e.g. an id)",
+                    spec.function_name()
+                )
+            }
+            Some(_) => {}
+            None => {
+                return plan_err!(
+                    "{}: {option}={column}: the {side} input has no column '{column}' \
+                     (columns: {})",
+                    spec.function_name(),
+                    schema
+                        .fields()
+                        .iter()
+                        .map(|f| f.name().as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `knn_join(left, right, metric, k, options)` or `radius_join(...)` in a logical plan.
 #[derive(Debug, Clone)]
 pub struct SparseJoinNode {
@@ -60,37 +102,12 @@ impl SparseJoinNode {
                 );
             }
             ExcludeSelf::Column(column) => {
-                for (side, plan, vector) in [
-                    ("left", &left, layout.left_vector),
-                    ("right", &right, layout.right_vector),
-                ] {
-                    let schema = plan.schema().as_arrow();
-                    match exclusion_column(schema, column) {
-                        Some(i) if i == vector => {
-                            return plan_err!(
-                                "{}: exclude_self={column}: '{column}' is the {side} input's \
-                                 vector column; name a key column (e.g. an id)",
-                                spec.function_name()
-                            )
-                        }
-                        Some(_) => {}
-                        None => {
-                            return plan_err!(
-                                "{}: exclude_self={column}: the {side} input has no column \
-                                 '{column}' (columns: {})",
-                                spec.function_name(),
-                                schema
-                                    .fields()
-                                    .iter()
-                                    .map(|f| f.name().as_str())
-                                    .collect::<Vec<_>>()
-                                    .join(", ")
-                            )
-                        }
-                    }
-                }
+                check_key_column(&spec, "exclude_self", column, &left, &right, &layout)?
             }
             _ => {}
+        }
+        if let Some(column) = &spec.options.within {
+            check_key_column(&spec, "within", column, &left, &right, &layout)?;
         }
         let left_vector = left.schema().field(layout.left_vector).name().clone();
         let right_vector = right.schema().field(layout.right_vector).name().clone();
@@ -256,23 +273,33 @@ impl UserDefinedLogicalNodeCore for SparseJoinNode {
             // One input on both sides: both keep the same columns, so the operator can read
             // it once and probe its own rows (see `SparseJoinExec`).
             let mut both: Vec<usize> = left.into_iter().chain(right).collect();
+            if let Some(column) = &self.spec.options.within {
+                both.extend(exclusion_column(self.left.schema().as_arrow(), column));
+            }
             both.sort_unstable();
             both.dedup();
             return Some(vec![both.clone(), both]);
         }
-        if let ExcludeSelf::Column(column) = &self.spec.options.exclude_self {
-            // The key column is read even when the output does not show it.
-            let with_key = |mut needed: Vec<usize>, input: &LogicalPlan| {
-                needed.extend(exclusion_column(input.schema().as_arrow(), column));
-                needed.sort_unstable();
-                needed.dedup();
-                needed
-            };
-            return Some(vec![
-                with_key(left, &self.left),
-                with_key(right, &self.right),
-            ]);
+        // Key columns (exclude_self=COLUMN, within=COLUMN) are read even when the output does
+        // not show them.
+        let keys: Vec<&str> = match &self.spec.options.exclude_self {
+            ExcludeSelf::Column(column) => vec![column.as_str()],
+            _ => Vec::new(),
         }
-        Some(vec![left, right])
+        .into_iter()
+        .chain(self.spec.options.within.as_deref())
+        .collect();
+        let with_keys = |mut needed: Vec<usize>, input: &LogicalPlan| {
+            for column in &keys {
+                needed.extend(exclusion_column(input.schema().as_arrow(), column));
+            }
+            needed.sort_unstable();
+            needed.dedup();
+            needed
+        };
+        Some(vec![
+            with_keys(left, &self.left),
+            with_keys(right, &self.right),
+        ])
     }
 }

@@ -205,6 +205,9 @@ impl fmt::Display for JoinSpec {
         if !self.options.exclude_self.is_off() {
             write!(f, ", exclude_self={}", self.options.exclude_self)?;
         }
+        if let Some(column) = &self.options.within {
+            write!(f, ", within={column}")?;
+        }
         Ok(())
     }
 }

@@ -177,6 +177,32 @@ impl SparseBatch {
         }
     }
 
+    /// The rows `rows` (in that order, repeats allowed) as a batch of their own, NULLs kept.
+    pub fn gather(&self, rows: &[usize]) -> Self {
+        let entries: usize = rows.iter().map(|&r| self.row_len(r)).sum();
+        let mut offsets = Vec::with_capacity(rows.len() + 1);
+        let mut indices = Vec::with_capacity(entries);
+        let mut values = Vec::with_capacity(entries);
+        offsets.push(0i32);
+        for &r in rows {
+            let (i, v) = self.row(r);
+            indices.extend_from_slice(i);
+            values.extend_from_slice(v);
+            // No more entries than this batch's own, whose offsets are i32.
+            offsets.push(indices.len() as i32);
+        }
+        let nulls = self
+            .nulls
+            .as_ref()
+            .map(|n| NullBuffer::from(rows.iter().map(|&r| n.is_valid(r)).collect::<Vec<bool>>()));
+        Self::from_parts(
+            offsets.into(),
+            indices.into(),
+            values.into(),
+            nulls.filter(|n| n.null_count() > 0),
+        )
+    }
+
     pub fn len(&self) -> usize {
         self.offsets.len() - 1
     }

@@ -75,3 +75,74 @@ fn masked_gpu_probes_answer_as_the_cpu_for_every_metric() {
         }
     }
 }
+
+/// `within=COLUMN` on the GPU: each left row's group probed as a mask of the kept index, against
+/// the CPU's answer, knn and radius, with and without a filter, 40 groups and a NULL key.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn grouped_gpu_probes_answer_as_the_cpu() {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, Int64Array};
+    use datafusion_sparse_knn::join::{probe_within_groups, GroupMembers};
+
+    let right = batch(&counts(2000, 63));
+    let left = batch(&counts(100, 64));
+    let right_keys: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..2000).map(|r| (r % 37 != 0).then_some(r % 40)),
+    ));
+    let left_keys: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..100).map(|r| (r % 17 != 0).then_some((r * 7) % 41)),
+    ));
+    let members = GroupMembers::build(&right_keys).unwrap();
+    let groups = members.left_groups(&left_keys).unwrap();
+    let filter = RowMask::new((0..2000).map(|r| r % 3 != 1).collect());
+    for kind in [
+        MetricKind::Cosine,
+        MetricKind::Euclidean,
+        MetricKind::JensenShannon,
+    ] {
+        let metric = metric_of(kind);
+        let cpu = CpuIndex::build(&right, &metric);
+        let gpu = GpuIndex::build(&right, &metric, &GpuOptions::default()).unwrap();
+        for selection in [Selection::Nearest(7), Selection::Within(0.8)] {
+            for mask in [None, Some(&filter)] {
+                let probe = |index: &dyn JoinIndex| {
+                    probe_within_groups(
+                        index,
+                        &left,
+                        &groups,
+                        &members,
+                        mask,
+                        selection,
+                        ProbeOptions::default(),
+                        &Cancel::new(),
+                    )
+                    .unwrap()
+                    .into_pairs()
+                };
+                let (want, got) = (probe(&cpu), probe(&gpu));
+                let what = format!("{kind:?}, {selection:?}, filter {}", mask.is_some());
+                assert!(!want.is_empty(), "{what}: some pairs");
+                assert_eq!(got.len(), want.len(), "{what}: pairs");
+                assert_eq!(got.left, want.left, "{what}: left rows");
+                for i in 0..got.len() {
+                    let (g, w) = (got.distance[i], want.distance[i]);
+                    let tol = 1e-9 * w.abs().max(1.0) + 1e-6 * w.abs();
+                    assert!(
+                        g == w || (g - w).abs() <= tol,
+                        "{what}: pair {i}: {g} against {w}"
+                    );
+                    if got.right[i] != want.right[i] {
+                        let near = (0..want.len()).any(|j| {
+                            want.left[j] == got.left[i]
+                                && want.right[j] == got.right[i]
+                                && (want.distance[j] - g).abs() <= tol
+                        });
+                        assert!(near, "{what}: pair {i}: right row {}", got.right[i]);
+                    }
+                }
+            }
+        }
+    }
+}

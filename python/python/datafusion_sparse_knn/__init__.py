@@ -13,8 +13,8 @@ Two ways in:
   ``scanpy.pp.neighbors(adata, transformer=...)``), ``precomputed_knn`` (UMAP's) and
   ``pairwise_distances`` (a dense distance matrix, like scikit-learn's).
 
-Every SQL option (``p``, ``dim``, ``device``, ``exclude_self``, ``left_column``, ``right_column``,
-``gpu_memory_limit``) is a keyword argument; ``device`` is ``'auto'`` (a CUDA GPU when there is
+Every SQL option (``p``, ``dim``, ``device``, ``exclude_self``, ``within``, ``left_column``,
+``right_column``, ``gpu_memory_limit``) is a keyword argument; ``device`` is ``'auto'`` (a CUDA GPU when there is
 one), ``'cpu'`` or ``'gpu'``. Bad input raises ``ValueError`` with the Rust error's message.
 """
 
@@ -116,7 +116,12 @@ def kneighbors(
             ``dim`` defaults to its number of columns.
         return_distance: as in scikit-learn; ``False`` returns the indices only.
         **options: the SQL options: ``p``, ``dim``, ``device='auto'|'cpu'|'gpu'``,
-            ``exclude_self``, ``left_column``, ``right_column``, ``gpu_memory_limit``.
+            ``exclude_self``, ``left_column``, ``right_column``, ``gpu_memory_limit``, and
+            ``within``: each row's neighbours only among the rows of ``Y`` of its own group
+            (its tenant, category, cell type): for matrices the labels of X's rows (``Y`` None)
+            or a pair ``(labels of X, labels of Y)``; for Arrow data or Parquet a column name.
+            A row whose label is None, or that no row of ``Y`` shares, has no neighbours (its
+            slots NaN / -1).
 
     Returns:
         ``(distances, indices)``: float and int64 arrays of shape (rows of X, k), nearest first

@@ -70,9 +70,12 @@ def _scipy_sparse(obj: Any) -> bool:
     return sparse is not None and sparse.issparse(obj)
 
 
-def _csr_source(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) -> Source:
-    """The canonical vector column (plus ``row``, the row position) over a CSR matrix's arrays:
-    pyarrow wraps the numpy buffers, so nothing is copied in Python."""
+def _csr_source(
+    indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, groups: Any = None
+) -> Source:
+    """The canonical vector column (plus ``row``, the row position, and ``group``, the rows'
+    ``within=`` labels where given) over a CSR matrix's arrays: pyarrow wraps the numpy
+    buffers, so nothing is copied in Python."""
     if indices.dtype != np.int32:
         # scipy uses int64 when a matrix is large; the join checks the values' range.
         indices = indices.astype(np.int64, copy=False)
@@ -93,11 +96,21 @@ def _csr_source(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray) -> So
         names=["indices", "values"],
     )
     rows = pa.array(np.arange(len(indptr) - 1, dtype=np.int64))
-    return Source.from_arrow(pa.table({"row": rows, "vector": vector}))
+    columns = {"row": rows, "vector": vector}
+    if groups is not None:
+        columns[_GROUP_COLUMN] = groups
+    return Source.from_arrow(pa.table(columns))
 
 
-def _source(obj: Any, what: str) -> tuple[Source, int | None]:
-    """A join input and, for a matrix, its number of columns."""
+def _source(obj: Any, what: str, groups: Any = None) -> tuple[Source, int | None]:
+    """A join input and, for a matrix, its number of columns. ``groups``: the rows' ``within=``
+    labels (matrices only: Arrow data and Parquet files name a column instead)."""
+    if groups is not None and not (_scipy_sparse(obj) or isinstance(obj, (np.ndarray, list, tuple))):
+        msg = (
+            f"within: labels go with a matrix; {what} is {type(obj).__name__}: name its column "
+            f"instead (within='tenant')"
+        )
+        raise ValueError(msg)
     if isinstance(obj, Source):
         return obj, None
     if isinstance(obj, (str, os.PathLike)):
@@ -107,7 +120,8 @@ def _source(obj: Any, what: str) -> tuple[Source, int | None]:
             msg = f"{what}: expected a 2-D sparse matrix, got {obj.ndim} dimensions"
             raise ValueError(msg)
         csr = _canonical_csr(obj)
-        return _csr_source(csr.indptr, csr.indices, csr.data), csr.shape[1]
+        labels = _labels(groups, csr.shape[0], what)
+        return _csr_source(csr.indptr, csr.indices, csr.data, labels), csr.shape[1]
     if hasattr(obj, "__arrow_c_stream__"):
         return Source.from_arrow(obj), None
     if hasattr(obj, "__arrow_c_array__"):
@@ -116,13 +130,55 @@ def _source(obj: Any, what: str) -> tuple[Source, int | None]:
     if isinstance(obj, (np.ndarray, list, tuple)):
         dense = _dense(obj, what)
         indptr, cols, values = _dense_csr(dense)
-        return _csr_source(indptr, cols, values), dense.shape[1]
+        labels = _labels(groups, dense.shape[0], what)
+        return _csr_source(indptr, cols, values, labels), dense.shape[1]
     msg = (
         f"{what}: expected a scipy.sparse matrix, a 2-D numpy array, Arrow data (a pyarrow Table "
         f"or RecordBatch, or any object with __arrow_c_stream__) or a Parquet path; "
         f"got {type(obj).__name__}"
     )
     raise ValueError(msg)
+
+
+# The column that carries a matrix's within= labels.
+_GROUP_COLUMN = "group"
+
+
+def _labels(groups: Any, rows: int, what: str) -> pa.Array | None:
+    """A matrix's ``within=`` labels as an Arrow array of one value a row (None: NULL, which
+    matches nothing)."""
+    if groups is None:
+        return None
+    try:
+        labels = pa.array(groups.tolist() if isinstance(groups, np.ndarray) else groups)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as e:
+        msg = f"within: the labels of {what} are not one value a row: {e}"
+        raise ValueError(msg) from None
+    if len(labels) != rows:
+        msg = f"within: {what} has {rows} rows but {len(labels)} labels"
+        raise ValueError(msg)
+    return labels
+
+
+def _split_within(X: Any, Y: Any, options: dict[str, Any]) -> tuple[Any, Any]:
+    """``within=`` of a call on matrices: labels of X's rows (``Y`` None: X is searched) or a
+    pair (labels of X, labels of Y). Turned into the ``group`` column; a column name (Arrow data,
+    Parquet) stays an option. Returns the labels of X and of Y (None where not given)."""
+    within = options.get("within")
+    if within is None or isinstance(within, str):
+        return None, None
+    del options["within"]
+    if Y is None or Y is X:
+        options["within"] = _GROUP_COLUMN
+        return within, None
+    if not (isinstance(within, (tuple, list)) and len(within) == 2):
+        msg = (
+            "within: with Y given, pass a pair (labels of X's rows, labels of Y's rows), or a "
+            "column name for Arrow data or Parquet"
+        )
+        raise ValueError(msg)
+    options["within"] = _GROUP_COLUMN
+    return within[0], within[1]
 
 
 def _option_text(key: str, value: Any) -> str:
@@ -147,11 +203,13 @@ def _options(metric: Any, options: dict[str, Any], features: int | None) -> str:
 def _inputs(
     X: Any, Y: Any, metric: Any, options: dict[str, Any]
 ) -> tuple[Source, Source | None, str]:
-    left, left_features = _source(X, "X")
+    options = dict(options)
+    groups_x, groups_y = _split_within(X, Y, options)
+    left, left_features = _source(X, "X", groups_x)
     if Y is None or Y is X:
         right, right_features = None, left_features
     else:
-        right, right_features = _source(Y, "Y")
+        right, right_features = _source(Y, "Y", groups_y)
     if left_features is not None and right_features is not None and left_features != right_features:
         msg = f"X has {left_features} columns but Y has {right_features}; they must be equal"
         raise ValueError(msg)

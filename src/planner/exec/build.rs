@@ -136,7 +136,25 @@ impl BuildJob {
                 Some(mask)
             }
         };
-        Ok(Arc::new(Probing { side, mask }))
+        let within = match self.spec.options.within.clone() {
+            None => None,
+            Some(column) => {
+                let at = key_column(&self.right.schema(), "within", &column, "right")?;
+                let Some(at) = self.layout.right_others.iter().position(|&c| c == at) else {
+                    return exec_err!(
+                        "{name}: within={column}: the right side keeps no such column"
+                    );
+                };
+                let side = Arc::clone(&side);
+                // A pass over the column (once per kept side), off the async threads.
+                Some(
+                    SpawnedTask::spawn_blocking(move || side.groups_of(at))
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))??,
+                )
+            }
+        };
+        Ok(Arc::new(Probing { side, mask, within }))
     }
 
     async fn kept_side(&mut self) -> Result<Arc<KeptSide>> {
@@ -358,7 +376,7 @@ impl BuildJob {
         );
         let metrics = &self.metrics;
         let right_key = match &spec.options.exclude_self {
-            ExcludeSelf::Column(c) => Some(key_column(&right_schema, c, "right")?),
+            ExcludeSelf::Column(c) => Some(key_column(&right_schema, "exclude_self", c, "right")?),
             _ => None,
         };
         let built = SpawnedTask::spawn_blocking(move || -> Result<BuiltSide> {
@@ -461,6 +479,7 @@ impl BuildJob {
             host_bytes: retained,
             device_bytes: bytes as usize,
             _reservation: reservation,
+            within_groups: Default::default(),
         })
     }
 

@@ -50,7 +50,7 @@ mod probe;
 mod stream;
 
 use crate::index::KeptSide;
-use crate::join::RowMask;
+use crate::join::{GroupMembers, RowMask};
 use build::{BuildJob, BuildMetrics};
 use probe::ProbeJob;
 
@@ -92,6 +92,8 @@ type SharedBuild =
 pub(super) struct Probing {
     pub(super) side: Arc<KeptSide>,
     pub(super) mask: Option<RowMask>,
+    /// `within=COLUMN`: the right rows' groups.
+    pub(super) within: Option<Arc<GroupMembers>>,
 }
 
 impl std::ops::Deref for Probing {
@@ -539,8 +541,14 @@ impl ExecutionPlan for SparseJoinExec {
             };
 
         let left_key = match &self.spec.options.exclude_self {
-            ExcludeSelf::Column(c) => Some(key_column(&self.left.schema(), c, "left")?),
+            ExcludeSelf::Column(c) => {
+                Some(key_column(&self.left.schema(), "exclude_self", c, "left")?)
+            }
             _ => None,
+        };
+        let left_within = match &self.spec.options.within {
+            Some(c) => Some(key_column(&self.left.schema(), "within", c, "left")?),
+            None => None,
         };
         let reservation = Arc::new(
             MemoryConsumer::new(format!("{}[probe {partition}]", self.display_name()))
@@ -555,6 +563,7 @@ impl ExecutionPlan for SparseJoinExec {
             cancel,
             reservation,
             left_key,
+            left_within,
             layout: self.layout.clone(),
             left_vector: Self::vector_name(&self.left, self.layout.left_vector),
             schema: Arc::clone(&self.schema),
@@ -583,12 +592,12 @@ impl ExecutionPlan for SparseJoinExec {
     }
 }
 
-/// `exclude_self=COLUMN`'s column in an input (checked at planning; a plan built another way
-/// still gets an error, not a panic).
-fn key_column(schema: &Schema, column: &str, side: &str) -> Result<usize> {
+/// A key column option's column in an input (`exclude_self=COLUMN`, `within=COLUMN`; checked at
+/// planning: a plan built another way still gets an error, not a panic).
+fn key_column(schema: &Schema, option: &str, column: &str, side: &str) -> Result<usize> {
     exclusion_column(schema, column).ok_or_else(|| {
         DataFusionError::Plan(format!(
-            "exclude_self={column}: the {side} input has no column '{column}'"
+            "{option}={column}: the {side} input has no column '{column}'"
         ))
     })
 }

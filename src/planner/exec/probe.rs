@@ -14,7 +14,7 @@ use datafusion::physical_plan::metrics::{
 };
 
 use super::Probing;
-use crate::join::{max_chunk_nnz, Cancel, PairList, ProbeOptions, Probed};
+use crate::join::{max_chunk_nnz, probe_within_groups, Cancel, PairList, ProbeOptions, Probed};
 use crate::planner::spec::{JoinSpec, Layout};
 use crate::vector::SparseBatch;
 
@@ -27,6 +27,8 @@ pub(super) struct ProbeJob {
     pub(super) reservation: Arc<MemoryReservation>,
     /// `exclude_self=COLUMN`'s column in the left input.
     pub(super) left_key: Option<usize>,
+    /// `within=COLUMN`'s column in the left input.
+    pub(super) left_within: Option<usize>,
     pub(super) layout: Layout,
     pub(super) left_vector: String,
     pub(super) schema: SchemaRef,
@@ -65,6 +67,7 @@ impl ProbeJob {
         let spec = Arc::clone(&self.spec);
         let vectors = batch.column(self.layout.left_vector).clone();
         let left_keys = self.left_key.map(|i| batch.column(i).clone());
+        let left_within = self.left_within.map(|i| batch.column(i).clone());
         let column = self.left_vector.clone();
         let probe_build = Arc::clone(&build);
         let cancel = self.cancel.clone();
@@ -84,6 +87,10 @@ impl ProbeJob {
                 Some((groups, _)) => groups.widen(spec.kind.selection()),
                 None => spec.kind.selection(),
             };
+            let within = match (&probe_build.within, left_within) {
+                (Some(members), Some(keys)) => Some((members, members.left_groups(&keys)?)),
+                _ => None,
+            };
             let mut probed = Probed::default();
             let mut offset = 0usize;
             for left in &pieces {
@@ -91,9 +98,21 @@ impl ProbeJob {
                     exclude_self_from: exclude_self.then_some((first_row + offset as u64) as i64),
                 };
                 let index = &probe_build.index;
-                let mut piece = match &probe_build.mask {
-                    Some(mask) => index.probe_masked(left, selection, options, mask, &cancel)?,
-                    None => index.probe_cancellable(left, selection, options, &cancel)?,
+                let mut piece = match (&within, &probe_build.mask) {
+                    (Some((members, groups)), mask) => probe_within_groups(
+                        index.as_ref(),
+                        left,
+                        &groups[offset..offset + left.len()],
+                        members,
+                        mask.as_ref(),
+                        selection,
+                        options,
+                        &cancel,
+                    )?,
+                    (None, Some(mask)) => {
+                        index.probe_masked(left, selection, options, mask, &cancel)?
+                    }
+                    (None, None) => index.probe_cancellable(left, selection, options, &cancel)?,
                 };
                 for part in &mut piece.parts {
                     for l in part.left.iter_mut() {

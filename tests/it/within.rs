@@ -1,0 +1,221 @@
+//! `within=COLUMN` (SPEC "Filtered right sides"): each left row's neighbours are the right rows
+//! of its own group, exactly as a fresh join of the group's left rows with the group's right rows
+//! alone would answer, for every metric, knn and radius, with a right-side filter and with
+//! `exclude_self=true`; a NULL key (either side) or a key no right row has matches nothing. The
+//! kept index serves every grouping: a new `within` or filter is a mask, not a build.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use datafusion::datasource::MemTable;
+use datafusion::prelude::SessionContext;
+use datafusion_sparse_knn::metric::MetricKind;
+
+use crate::common::{self, collect, counts, explain_counters, write_parquet};
+
+fn options_for(kind: MetricKind) -> &'static str {
+    match kind {
+        MetricKind::Minkowski => "p=3",
+        k if k.needs_dim() => "dim=60",
+        _ => "",
+    }
+}
+
+/// Right rows in groups 0-3 (every 11th a NULL key); left rows in groups 0-4 (no right row has
+/// 4; every 13th a NULL key).
+async fn grouped_session() -> (tempfile::TempDir, SessionContext) {
+    let dir = tempfile::tempdir().unwrap();
+    let right = dir.path().join("right.parquet");
+    let left = dir.path().join("left.parquet");
+    write_parquet(&right, &counts(300, 41), 0);
+    write_parquet(&left, &counts(45, 42), 1000);
+    let ctx = datafusion_sparse_knn::session_context();
+    for (name, path) in [("r0", &right), ("l0", &left)] {
+        ctx.register_parquet(name, path.to_str().unwrap(), Default::default())
+            .await
+            .unwrap();
+    }
+    let groups = [
+        ("r", "r0", "CASE WHEN id % 11 = 0 THEN NULL ELSE id % 4 END"),
+        ("l", "l0", "CASE WHEN id % 13 = 0 THEN NULL ELSE id % 5 END"),
+    ];
+    for (name, source, group) in groups {
+        copy(&ctx, name, &format!("SELECT *, {group} AS g FROM {source}")).await;
+    }
+    (dir, ctx)
+}
+
+/// The rows of `query` as an in-memory table `name` (a fresh build's input).
+async fn copy(ctx: &SessionContext, name: &str, query: &str) {
+    let df = ctx.sql(query).await.unwrap();
+    let schema = df.schema().inner().clone();
+    let rows = df.collect().await.unwrap();
+    let table = MemTable::try_new(schema, vec![rows]).unwrap();
+    let _ = ctx.deregister_table(name);
+    ctx.register_table(name, Arc::new(table)).unwrap();
+}
+
+/// (query id, neighbor id, distance, rank) sorted by query id then rank (then neighbour for a
+/// radius join's rank-less pairs).
+fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
+    let mut pairs = common::pairs(batches);
+    pairs.sort_by(|a, b| (a.0, a.3, a.1).cmp(&(b.0, b.3, b.1)));
+    pairs
+}
+
+/// The join of each group's left rows with its right rows (that pass `right_filter`), each a
+/// fresh build, in one answer.
+async fn per_group(
+    ctx: &SessionContext,
+    function: &str,
+    param: &str,
+    metric: &str,
+    options: &str,
+    right_filter: &str,
+    self_join: bool,
+) -> Vec<(i64, i64, f64, i32)> {
+    let mut all = Vec::new();
+    for g in 0..4 {
+        copy(
+            ctx,
+            "rg",
+            &format!("SELECT * FROM r WHERE g = {g} AND ({right_filter})"),
+        )
+        .await;
+        let left = if self_join {
+            "rg".to_string()
+        } else {
+            copy(ctx, "lg", &format!("SELECT * FROM l WHERE g = {g}")).await;
+            "lg".to_string()
+        };
+        let sql = format!(
+            "SELECT * FROM {function}({left}, rg, '{metric}', {param}, 'device=cpu, {options}')"
+        );
+        all.extend(common::pairs(&collect(ctx, &sql).await));
+    }
+    all.sort_by(|a, b| (a.0, a.3, a.1).cmp(&(b.0, b.3, b.1)));
+    all
+}
+
+/// Equal pairs; distances equal to 1e-12 relative (a fresh build over fewer rows may choose other
+/// dense columns, whose sums run in another order).
+fn assert_same(got: &[(i64, i64, f64, i32)], want: &[(i64, i64, f64, i32)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: pairs");
+    let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!((g.0, g.3), (w.0, w.3), "{what}: pair {i}");
+        assert!(close(g.2, w.2), "{what}: pair {i}: {g:?} against {w:?}");
+        if g.1 != w.1 {
+            let other = want
+                .iter()
+                .find(|x| x.0 == g.0 && x.1 == g.1)
+                .unwrap_or_else(|| panic!("{what}: pair {i}: {g:?} not among {w:?}'s row"));
+            assert!(close(other.2, g.2), "{what}: pair {i}: {g:?} against {w:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn each_left_row_gets_its_groups_nearest_for_every_metric() {
+    let (_dir, ctx) = grouped_session().await;
+    for kind in MetricKind::all() {
+        let metric = kind.name();
+        let options = options_for(kind);
+        for right_filter in ["true", "id % 3 = 0", "id = 5"] {
+            let sql = format!(
+                "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE {right_filter}), '{metric}', \
+                 6, 'device=cpu, within=g, {options}')"
+            );
+            let got = answer(&collect(&ctx, &sql).await);
+            let want = per_group(&ctx, "knn_join", "6", metric, options, right_filter, false).await;
+            let what = format!("{metric}, {right_filter}");
+            assert_same(&got, &want, &what);
+            // Left rows of a NULL key or of group 4 (no right row has it) have no neighbours.
+            assert!(
+                got.iter().all(|p| p.0 % 13 != 0 && p.0 % 5 != 4),
+                "{what}: a left row of no group got neighbours"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn radius_joins_and_self_joins_stay_within_the_group() {
+    let (_dir, ctx) = grouped_session().await;
+    // A radius that keeps some pairs of a group and not others (cosine distances of these
+    // counts run from about 0.2 to 1).
+    let sql = "SELECT * FROM radius_join(l, r, 'cosine', 0.75, 'device=cpu, within=g')";
+    let got = answer(&collect(&ctx, sql).await);
+    let want = per_group(&ctx, "radius_join", "0.75", "cosine", "", "true", false).await;
+    assert!(
+        !want.is_empty() && want.len() < 45 * 70,
+        "the radius keeps some pairs"
+    );
+    assert_same(&got, &want, "radius, cosine");
+
+    for metric in ["euclidean", "jensenshannon"] {
+        let sql = format!(
+            "SELECT * FROM knn_join(r, r, '{metric}', 4, 'device=cpu, within=g, exclude_self=true')"
+        );
+        let got = answer(&collect(&ctx, &sql).await);
+        let want = per_group(
+            &ctx,
+            "knn_join",
+            "4",
+            metric,
+            "exclude_self=true",
+            "true",
+            true,
+        )
+        .await;
+        assert_same(&got, &want, &format!("{metric}, self-join"));
+        assert!(
+            got.iter().all(|p| p.0 != p.1),
+            "{metric}: a row paired with itself"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_new_grouping_reuses_the_kept_index() {
+    let (_dir, ctx) = grouped_session().await;
+    let names = ["index_built", "index_reused"];
+    let plain = "SELECT * FROM knn_join(l, r, 'cosine', 3, 'device=cpu')";
+    assert_eq!(explain_counters(&ctx, plain, &names).await, vec![1, 0]);
+    let grouped = "SELECT * FROM knn_join(l, r, 'cosine', 3, 'device=cpu, within=g')";
+    assert_eq!(explain_counters(&ctx, grouped, &names).await, vec![0, 1]);
+    let filtered = "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE id % 2 = 0), 'cosine', 3, \
+                    'device=cpu, within=g')";
+    assert_eq!(explain_counters(&ctx, filtered, &names).await, vec![0, 1]);
+}
+
+#[tokio::test]
+async fn a_within_column_must_be_a_key_of_both_inputs() {
+    let (_dir, ctx) = grouped_session().await;
+    for (options, expected) in [
+        (
+            "within=tenant",
+            "within=tenant: the left input has no column 'tenant'",
+        ),
+        ("within=v", "'v' is the left input's vector column"),
+        ("within=", "option within must be a column name"),
+        ("within=a.b", "option within must be a column name"),
+    ] {
+        let sql = format!("SELECT * FROM knn_join(l, r, 'cosine', 3, '{options}')");
+        let err = match ctx.sql(&sql).await {
+            Ok(df) => df.collect().await.unwrap_err(),
+            Err(e) => e,
+        };
+        assert!(
+            err.to_string().contains(expected),
+            "{options}: {err} does not say {expected}"
+        );
+    }
+    // The right input lacks it.
+    let sql = "SELECT * FROM knn_join(l, r0, 'cosine', 3, 'within=g')";
+    let err = ctx.sql(sql).await.unwrap_err().to_string();
+    assert!(
+        err.contains("within=g: the right input has no column 'g'"),
+        "{err}"
+    );
+}
