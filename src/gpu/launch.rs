@@ -100,6 +100,9 @@ pub(crate) struct PartLaunch<'a> {
     /// (from its first row) and of the index's right rows (from its first row), from which the
     /// kernels take the pairs sharing no column (`FoldedArgs::l_one`).
     pub one_sided: Option<(super::args::DevPtr, super::args::DevPtr)>,
+    /// A right-side filter's rows (a masked probe): a bit per row of the part, set where the row
+    /// is valid and passes, read by the kernels in place of the part's own valid bits.
+    pub valid_bits: Option<&'a CudaSlice<u32>>,
 }
 
 impl PartLaunch<'_> {
@@ -298,10 +301,10 @@ impl PartLaunch<'_> {
                     nwork: nwork as i32,
                     n_right: self.part_rows as i32,
                     self_first,
-                    valid_bits: if self.part.all_valid {
-                        0
-                    } else {
-                        addr(device, &self.part.valid_bits)
+                    valid_bits: match self.valid_bits {
+                        Some(bits) => addr(device, bits),
+                        None if self.part.all_valid => 0,
+                        None => addr(device, &self.part.valid_bits),
                     },
                     rt0: addr(device, &self.part.rt0),
                     rt1: addr(device, &self.part.rt1),

@@ -34,8 +34,9 @@ pub(crate) use prepare::{ColumnMap, ColumnProfile};
 pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
-    join_pieces, join_shards, max_chunk_nnz, split_row_ranges, Backend, Cancel, JoinIndex,
-    MatrixOut, MatrixRows, ProbeOptions, Probed, ReplicatedIndex, Selection,
+    join_pieces, join_shards, max_chunk_nnz, probe_masked_by_growing, split_row_ranges, Backend,
+    Cancel, JoinIndex, MatrixOut, MatrixRows, ProbeOptions, Probed, ReplicatedIndex, RowMask,
+    Selection,
 };
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
@@ -432,6 +433,37 @@ impl JoinIndex for GpuIndex {
         cancel: &Cancel,
     ) -> Result<Probed> {
         let (pairs, stats) = self.probe_counted(left, selection, options, cancel)?;
+        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
+        Ok(Probed {
+            parts: vec![pairs],
+            compute_time: kernel_time,
+            bytes_to_device: stats.bytes_to_device,
+            gpu_times: vec![(self.ordinal(), kernel_time)],
+        })
+    }
+
+    /// The folded metrics skip the failing rows in the kernels (the mask folded into the valid
+    /// bits); the certified metrics and a k above the kernels' top-k probe for more rows.
+    fn probe_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        mask: &RowMask,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        if mask.len() != self.rows() {
+            return exec_err!(
+                "a row mask of {} rows for an index of {} rows",
+                mask.len(),
+                self.rows()
+            );
+        }
+        if mask.all_pass() || !self.masks_on_device(selection) {
+            return probe_masked_by_growing(self, left, selection, options, mask, cancel);
+        }
+        let (pairs, stats) =
+            self.probe_counted_masked(left, selection, options, cancel, Some(mask))?;
         let kernel_time = Duration::from_nanos(stats.kernel_nanos);
         Ok(Probed {
             parts: vec![pairs],

@@ -7,6 +7,7 @@
 
 use arrow::array::ArrayRef;
 use datafusion::common::Result;
+use rayon::prelude::*;
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
@@ -114,33 +115,38 @@ pub fn probe_within_groups(
         Selection::Nearest(k) => k,
         Selection::Within(_) => usize::MAX,
     };
+    // Groups side by side: a group's probe is a few left rows, whose fixed costs (the mask, the
+    // backend's per-probe set-up) would otherwise run one group at a time.
+    let per_group: Vec<Result<Option<Probed>>> = order
+        .par_iter()
+        .map(|g| {
+            cancel.check()?;
+            let rows = &by_group[g];
+            let passing: Vec<u32> = match filter {
+                Some(mask) => members
+                    .members(*g)
+                    .iter()
+                    .copied()
+                    .filter(|&r| mask.allows(r as usize))
+                    .collect(),
+                None => members.members(*g).to_vec(),
+            };
+            if passing.is_empty() {
+                return Ok(None);
+            }
+            let mask = RowMask::from_rows(n, &passing);
+            let batch = left.gather(rows);
+            index
+                .probe_masked(&batch, widened, ProbeOptions::default(), &mask, cancel)
+                .map(Some)
+        })
+        .collect();
     let mut probed = Probed::default();
     let mut answers: Vec<Vec<(u32, f64)>> = vec![Vec::new(); left.len()];
-    for g in order {
-        cancel.check()?;
-        let rows = &by_group[&g];
-        let passing: Vec<u32> = match filter {
-            Some(mask) => members
-                .members(g)
-                .iter()
-                .copied()
-                .filter(|&r| mask.allows(r as usize))
-                .collect(),
-            None => members.members(g).to_vec(),
-        };
-        if passing.is_empty() {
-            continue;
-        }
-        let mask = RowMask::from_rows(n, &passing);
-        let batch = left.gather(rows);
-        let parts = probed.absorb(index.probe_masked(
-            &batch,
-            widened,
-            ProbeOptions::default(),
-            &mask,
-            cancel,
-        )?);
-        for part in parts {
+    for (g, group) in order.iter().zip(per_group) {
+        let Some(group) = group? else { continue };
+        let rows = &by_group[g];
+        for part in probed.absorb(group) {
             for i in 0..part.len() {
                 let row = rows[part.left[i] as usize];
                 let own = options.excluded_right_row(row, n);

@@ -26,6 +26,8 @@ pub(super) struct Bounds<'a> {
     /// With `shared_only`: the one-sided sums on the device (left rows of the probe, right rows
     /// of the index), from which the kernels take the pairs sharing no column themselves.
     pub(super) one_sided: Option<(DevPtr, DevPtr)>,
+    /// A masked probe: only the rows the mask passes are offered (see `probe_masked`).
+    pub(super) mask: Option<&'a RowMask>,
 }
 impl Bounds<'_> {
     pub(super) const NONE: Bounds<'static> = Bounds {
@@ -34,6 +36,7 @@ impl Bounds<'_> {
         shared_only: false,
         active_rows: None,
         one_sided: None,
+        mask: None,
     };
 }
 /// Where each left row's pairs start in a list of `rows` left rows grouped by left row (or
@@ -212,6 +215,7 @@ impl GpuIndex {
                             shared_only,
                             active_rows: None,
                             one_sided: None,
+                            mask: None,
                         },
                     )
                 })?;
@@ -259,6 +263,7 @@ impl GpuIndex {
                     shared_only,
                     active_rows: active_rows.as_deref(),
                     one_sided: None,
+                    mask: None,
                 },
             )
         })?;

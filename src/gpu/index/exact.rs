@@ -322,6 +322,7 @@ impl GpuIndex {
                             shared_only: disjoint,
                             active_rows: None,
                             one_sided,
+                            mask: None,
                         },
                     )
                 })?;
@@ -368,6 +369,7 @@ impl GpuIndex {
                     shared_only: disjoint,
                     active_rows: active_rows.as_deref(),
                     one_sided,
+                    mask: None,
                 },
             )
         })?;

@@ -31,7 +31,7 @@ use super::prepare::{
     dense_bytes_per_left_row, fast_kind, ColumnMap, ColumnProfile, DevPart, HostPart, DENSE_TILE_N,
 };
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
-use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, Selection};
+use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, RowMask, Selection};
 use crate::metric::Semiring;
 use crate::vector::SparseBatch;
 
@@ -366,6 +366,30 @@ impl GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<(PairList, GpuStats)> {
+        self.probe_counted_masked(left, selection, options, cancel, None)
+    }
+
+    /// Whether a probe for `selection` can skip a mask's failing rows in the kernels (their
+    /// valid bits cleared): the folded metrics' probes of k up to [`MAX_DEVICE_K`] or within a
+    /// radius. The certified metrics' exact step and a larger k run on the host's candidates.
+    pub(crate) fn masks_on_device(&self, selection: Selection) -> bool {
+        self.exact.is_none() && !matches!(selection, Selection::Nearest(k) if k > MAX_DEVICE_K)
+    }
+
+    /// [`GpuIndex::probe_counted`] offering only the rows `mask` passes (where
+    /// [`GpuIndex::masks_on_device`]; otherwise the mask is not read).
+    pub(crate) fn probe_counted_masked(
+        &self,
+        left: &SparseBatch,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+        mask: Option<&RowMask>,
+    ) -> Result<(PairList, GpuStats)> {
+        let mask = mask.filter(|_| self.masks_on_device(selection));
+        if mask.is_some_and(|m| m.passing() == 0) {
+            return Ok((PairList::default(), GpuStats::default()));
+        }
         if selection == Selection::Nearest(0) || left.is_empty() || self.rows == 0 {
             return Ok((PairList::default(), GpuStats::default()));
         }
@@ -387,7 +411,10 @@ impl GpuIndex {
                     options,
                     cancel,
                     &mut probe_stats,
-                    Bounds::NONE,
+                    Bounds {
+                        mask,
+                        ..Bounds::NONE
+                    },
                 )
             }),
         };

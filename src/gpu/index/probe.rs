@@ -5,9 +5,12 @@ use datafusion::common::Result;
 
 use super::super::device::{cuda_err, is_out_of_memory, Lanes};
 use super::super::launch::PartLaunch;
+use super::super::memory::{download, upload};
 use super::super::prepare::{upload_part, DevPart};
 use super::super::stats::GpuStats;
-use crate::join::{merge_nearest, merge_within, Cancel, PairList, ProbeOptions, Selection};
+use crate::join::{
+    merge_nearest, merge_within, Cancel, PairList, ProbeOptions, RowMask, Selection,
+};
 use crate::vector::SparseBatch;
 
 use super::*;
@@ -47,6 +50,10 @@ impl GpuIndex {
             let held = inner.resident_bytes + part_bytes;
             let budget = held + self.budget.saturating_sub(held) / sharing;
             let (first_row, part_rows, ntiles) = self.parts_meta[p];
+            let masked = match bounds.mask {
+                Some(mask) => Some(mask_bits(device, part, mask, first_row, part_rows, stats)?),
+                None => None,
+            };
             let launch = PartLaunch {
                 device,
                 program: &self.program,
@@ -66,6 +73,7 @@ impl GpuIndex {
                 active_rows: bounds.active_rows,
                 radius_pairs_per_row: &inner.radius_pairs_per_row,
                 one_sided: bounds.one_sided.filter(|_| bounds.shared_only),
+                valid_bits: masked.as_ref(),
             };
             let mut out = PairList::default();
             let work_budget = budget.saturating_sub(held).max(1);
@@ -150,4 +158,31 @@ impl GpuIndex {
         }
         r1
     }
+}
+
+/// The valid bits of a masked probe's part (rows `first_row..first_row + rows` of the index): a
+/// bit per row, set where the row is valid (not NULL) and the mask passes it, on the device for
+/// the kernels to read in place of the part's own.
+fn mask_bits(
+    device: &Device,
+    part: &DevPart,
+    mask: &RowMask,
+    first_row: usize,
+    rows: usize,
+    stats: &mut GpuStats,
+) -> Result<cudarc::driver::CudaSlice<u32>> {
+    let words = rows.div_ceil(32);
+    let mut bits = if part.all_valid {
+        vec![u32::MAX; words]
+    } else {
+        download(device, &part.valid_bits, words)?
+    };
+    for (w, word) in bits.iter_mut().enumerate() {
+        let mut pass = 0u32;
+        for b in 0..32.min(rows - w * 32) {
+            pass |= u32::from(mask.allows(first_row + w * 32 + b)) << b;
+        }
+        *word &= pass;
+    }
+    upload(device, &bits, stats)
 }
