@@ -644,7 +644,8 @@ template <bool RADIUS> __device__ void folded_body(const FoldedArgs& a) {
                     const bool zero = a.zero_skip && raw0 == 0;
                     bool take = (counted || disjoint)
                                 && !(zero && (RADIUS ? zeros_outside : zeros_seen >= k))
-                                && (!valid_bits || row_valid(valid_bits, j)) && (long long)j != self_row;
+                                && (!valid_bits || row_valid(valid_bits, j)) && (long long)j != self_row
+                                && (a.r_group == nullptr || a.r_group[j] == a.l_group[row]);
                     if (take && zero && !RADIUS) atomicAdd(&s_zeros, 1);
                     if (take && disjoint) {
                         disjoint_offer<RADIUS>(a, w, row, j, prm, cand_key, cand_row, cand_filt,

@@ -140,6 +140,10 @@ kernel_args! {
         /// the pairs sharing no column exactly; 0 (null): such pairs are left out.
         l_one: DevPtr = "const double*",
         r_one: DevPtr = "const double*",
+        /// `within=COLUMN`: the group of each left row of the chunk and of each right row of the
+        /// part; a pair is offered only where the two are equal. 0 (null): no groups.
+        l_group: DevPtr = "const u32*",
+        r_group: DevPtr = "const u32*",
     }
 }
 

@@ -103,6 +103,9 @@ pub(crate) struct PartLaunch<'a> {
     /// A right-side filter's rows (a masked probe): a bit per row of the part, set where the row
     /// is valid and passes, read by the kernels in place of the part's own valid bits.
     pub valid_bits: Option<&'a CudaSlice<u32>>,
+    /// `within=COLUMN`: the device addresses of the groups of the probe's left rows (from its
+    /// first row) and of the index's right rows (from its first row).
+    pub groups: Option<(super::args::DevPtr, super::args::DevPtr)>,
 }
 
 impl PartLaunch<'_> {
@@ -357,6 +360,10 @@ impl PartLaunch<'_> {
                     r_one: self
                         .one_sided
                         .map_or(0, |(_, r)| r + self.first_row as u64 * 8),
+                    l_group: self.groups.map_or(0, |(l, _)| l + r0 as u64 * 4),
+                    r_group: self
+                        .groups
+                        .map_or(0, |(_, r)| r + self.first_row as u64 * 4),
                 };
                 let cfg = LaunchConfig {
                     grid_dim: (nwork as u32, groups as u32, 1),

@@ -34,9 +34,9 @@ pub(crate) use prepare::{ColumnMap, ColumnProfile};
 pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
-    join_pieces, join_shards, max_chunk_nnz, probe_masked_by_growing, split_row_ranges, Backend,
-    Cancel, JoinIndex, MatrixOut, MatrixRows, ProbeOptions, Probed, ReplicatedIndex, RowMask,
-    Selection,
+    join_pieces, join_shards, max_chunk_nnz, probe_masked_by_growing, probe_within_groups,
+    split_row_ranges, Backend, Cancel, GroupedProbe, JoinIndex, MatrixOut, MatrixRows,
+    ProbeOptions, Probed, ReplicatedIndex, RowMask, Selection,
 };
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
@@ -463,7 +463,37 @@ impl JoinIndex for GpuIndex {
             return probe_masked_by_growing(self, left, selection, options, mask, cancel);
         }
         let (pairs, stats) =
-            self.probe_counted_masked(left, selection, options, cancel, Some(mask))?;
+            self.probe_counted_masked(left, selection, options, cancel, Some(mask), None)?;
+        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
+        Ok(Probed {
+            parts: vec![pairs],
+            compute_time: kernel_time,
+            bytes_to_device: stats.bytes_to_device,
+            gpu_times: vec![(self.ordinal(), kernel_time)],
+        })
+    }
+
+    /// The folded metrics compare the groups in the kernels: one probe of the whole batch,
+    /// every group at once; the others probe group by group.
+    fn probe_grouped(
+        &self,
+        left: &SparseBatch,
+        groups: GroupedProbe<'_>,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        if !self.masks_on_device(selection) || groups.members.right_rows() != self.rows() {
+            return probe_within_groups(self, left, groups, selection, options, cancel);
+        }
+        let (pairs, stats) = self.probe_counted_masked(
+            left,
+            selection,
+            options,
+            cancel,
+            groups.filter,
+            Some((groups.left, groups.members.right_groups())),
+        )?;
         let kernel_time = Duration::from_nanos(stats.kernel_nanos);
         Ok(Probed {
             parts: vec![pairs],

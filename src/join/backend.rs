@@ -10,6 +10,7 @@ use super::matrix::{matrix_by_probe, MatrixOut, MatrixRows};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use super::sharded::{max_chunk_nnz, split_rows, Shard, ShardedIndex};
+use super::within::{probe_within_groups, GroupedProbe};
 use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
@@ -85,6 +86,21 @@ pub trait JoinIndex: Send + Sync {
         cancel: &Cancel,
     ) -> Result<Probed> {
         probe_masked_by_growing(self, left, selection, options, mask, cancel)
+    }
+
+    /// `within=COLUMN`: the pairs of `left` with the right rows of each left row's own group
+    /// (and the filter's, where there is one), exactly as a masked probe per group would give
+    /// them. By default one masked probe per group ([`probe_within_groups`]); a backend that
+    /// compares the groups inside its probe (the GPU's folded kernels) overrides this.
+    fn probe_grouped(
+        &self,
+        left: &SparseBatch,
+        groups: GroupedProbe<'_>,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        probe_within_groups(self, left, groups, selection, options, cancel)
     }
 
     /// Host memory held by the index while it lives, including per-thread probe workspace.

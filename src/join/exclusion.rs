@@ -14,8 +14,9 @@ use datafusion::common::Result;
 use super::pairs::PairList;
 use super::selection::Selection;
 
-/// A row whose key is NULL: equal to nothing.
-pub(super) const NO_GROUP: u32 = u32::MAX;
+/// The group of a row whose key is NULL (or, on the left, a key no right row has): equal to
+/// nothing.
+pub const NO_GROUP: u32 = u32::MAX;
 
 /// The right side's key groups.
 #[derive(Debug)]

@@ -30,4 +30,4 @@ pub use replicated::ReplicatedIndex;
 pub use selection::{within, ProbeOptions, Selection};
 pub use sharded::{join_pieces, max_chunk_nnz, split_row_ranges, split_rows, Shard, ShardedIndex};
 pub use topk::TopK;
-pub use within::{probe_within_groups, GroupMembers};
+pub use within::{probe_within_groups, GroupMembers, GroupedProbe, NO_GROUP};

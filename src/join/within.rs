@@ -11,7 +11,8 @@ use rayon::prelude::*;
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
-use super::exclusion::{KeyGroups, NO_GROUP};
+use super::exclusion::KeyGroups;
+pub use super::exclusion::NO_GROUP;
 use super::mask::RowMask;
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
@@ -54,6 +55,11 @@ impl GroupMembers {
         })
     }
 
+    /// The group of every right row ([`NO_GROUP`] for a NULL key).
+    pub fn right_groups(&self) -> &[u32] {
+        self.keys.right_groups()
+    }
+
     /// Right rows (NULL keys included).
     pub fn right_rows(&self) -> usize {
         self.keys.right_groups().len()
@@ -65,7 +71,7 @@ impl GroupMembers {
     }
 
     /// The group of each row of a left batch's key column (cast to the right side's key type);
-    /// [`u32::MAX`] where it matches no right row.
+    /// [`NO_GROUP`] where it matches no right row.
     pub fn left_groups(&self, left_keys: &ArrayRef) -> Result<Vec<u32>> {
         self.keys.left_groups(left_keys)
     }
@@ -76,19 +82,32 @@ impl GroupMembers {
     }
 }
 
-/// The pairs of `left` (whose rows' groups are `left_groups`) with the right rows of their own
-/// group that `filter` passes: per group of the batch, one masked probe of its left rows. The
-/// pairs come in left row order, then rank, like any probe's.
-pub fn probe_within_groups(
-    index: &dyn JoinIndex,
+/// A grouped probe's groups: the left rows' (from [`GroupMembers::left_groups`]), the right
+/// side's, and the right-side filter's rows where there is one.
+#[derive(Debug, Clone, Copy)]
+pub struct GroupedProbe<'a> {
+    pub left: &'a [u32],
+    pub members: &'a GroupMembers,
+    pub filter: Option<&'a RowMask>,
+}
+
+/// The pairs of `left` with the right rows of their own group that the filter passes, by any
+/// index ([`JoinIndex::probe_grouped`]'s default): per group of the batch, one masked probe of
+/// its left rows, groups side by side. The pairs come in left row order, then rank, like any
+/// probe's.
+pub fn probe_within_groups<I: JoinIndex + ?Sized>(
+    index: &I,
     left: &SparseBatch,
-    left_groups: &[u32],
-    members: &GroupMembers,
-    filter: Option<&RowMask>,
+    groups: GroupedProbe<'_>,
     selection: Selection,
     options: ProbeOptions,
     cancel: &Cancel,
 ) -> Result<Probed> {
+    let GroupedProbe {
+        left: left_groups,
+        members,
+        filter,
+    } = groups;
     let n = members.right_rows();
     // Left rows by group, in row order within each; groups in order of first appearance.
     let mut order: Vec<u32> = Vec::new();
@@ -222,6 +241,18 @@ mod tests {
         }
     }
 
+    fn grouped<'a>(
+        left: &'a [u32],
+        members: &'a GroupMembers,
+        filter: Option<&'a RowMask>,
+    ) -> GroupedProbe<'a> {
+        GroupedProbe {
+            left,
+            members,
+            filter,
+        }
+    }
+
     fn at(points: &[Option<f32>]) -> SparseBatch {
         let rows: Vec<Option<Vec<(i32, f32)>>> =
             points.iter().map(|p| p.map(|v| vec![(0, v)])).collect();
@@ -263,9 +294,7 @@ mod tests {
         let got = probe_within_groups(
             &index,
             &left,
-            &groups,
-            &members,
-            None,
+            grouped(&groups, &members, None),
             Selection::Nearest(2),
             ProbeOptions::default(),
             &Cancel::new(),
@@ -280,9 +309,7 @@ mod tests {
         let got = probe_within_groups(
             &index,
             &left,
-            &groups,
-            &members,
-            Some(&filter),
+            grouped(&groups, &members, Some(&filter)),
             Selection::Nearest(10),
             ProbeOptions::default(),
             &Cancel::new(),
@@ -304,9 +331,7 @@ mod tests {
         let got = probe_within_groups(
             &LineIndex { rows: 6 },
             &left,
-            &groups,
-            &members,
-            None,
+            grouped(&groups, &members, None),
             Selection::Nearest(1),
             ProbeOptions {
                 exclude_self_from: Some(0),
@@ -322,9 +347,7 @@ mod tests {
         let got = probe_within_groups(
             &LineIndex { rows: 6 },
             &left,
-            &groups,
-            &members,
-            None,
+            grouped(&groups, &members, None),
             Selection::Within(2.0),
             ProbeOptions {
                 exclude_self_from: Some(0),

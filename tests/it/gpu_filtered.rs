@@ -84,7 +84,7 @@ fn grouped_gpu_probes_answer_as_the_cpu() {
     use std::sync::Arc;
 
     use arrow::array::{ArrayRef, Int64Array};
-    use datafusion_sparse_knn::join::{probe_within_groups, GroupMembers};
+    use datafusion_sparse_knn::join::{GroupMembers, GroupedProbe};
 
     let right = batch(&counts(2000, 63));
     let left = batch(&counts(100, 64));
@@ -108,18 +108,20 @@ fn grouped_gpu_probes_answer_as_the_cpu() {
         for selection in [Selection::Nearest(7), Selection::Within(0.8)] {
             for mask in [None, Some(&filter)] {
                 let probe = |index: &dyn JoinIndex| {
-                    probe_within_groups(
-                        index,
-                        &left,
-                        &groups,
-                        &members,
-                        mask,
-                        selection,
-                        ProbeOptions::default(),
-                        &Cancel::new(),
-                    )
-                    .unwrap()
-                    .into_pairs()
+                    index
+                        .probe_grouped(
+                            &left,
+                            GroupedProbe {
+                                left: &groups,
+                                members: &members,
+                                filter: mask,
+                            },
+                            selection,
+                            ProbeOptions::default(),
+                            &Cancel::new(),
+                        )
+                        .unwrap()
+                        .into_pairs()
                 };
                 let (want, got) = (probe(&cpu), probe(&gpu));
                 let what = format!("{kind:?}, {selection:?}, filter {}", mask.is_some());

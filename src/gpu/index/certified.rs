@@ -28,6 +28,9 @@ pub(super) struct Bounds<'a> {
     pub(super) one_sided: Option<(DevPtr, DevPtr)>,
     /// A masked probe: only the rows the mask passes are offered (see `probe_masked`).
     pub(super) mask: Option<&'a RowMask>,
+    /// `within=COLUMN` (see `probe_grouped`): the device addresses of the left rows' and the
+    /// right rows' groups.
+    pub(super) groups: Option<(DevPtr, DevPtr)>,
 }
 impl Bounds<'_> {
     pub(super) const NONE: Bounds<'static> = Bounds {
@@ -37,6 +40,7 @@ impl Bounds<'_> {
         active_rows: None,
         one_sided: None,
         mask: None,
+        groups: None,
     };
 }
 /// Where each left row's pairs start in a list of `rows` left rows grouped by left row (or
@@ -216,6 +220,7 @@ impl GpuIndex {
                             active_rows: None,
                             one_sided: None,
                             mask: None,
+                            groups: None,
                         },
                     )
                 })?;
@@ -264,6 +269,7 @@ impl GpuIndex {
                     active_rows: active_rows.as_deref(),
                     one_sided: None,
                     mask: None,
+                    groups: None,
                 },
             )
         })?;

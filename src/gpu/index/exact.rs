@@ -323,6 +323,7 @@ impl GpuIndex {
                             active_rows: None,
                             one_sided,
                             mask: None,
+                            groups: None,
                         },
                     )
                 })?;
@@ -370,6 +371,7 @@ impl GpuIndex {
                     active_rows: active_rows.as_deref(),
                     one_sided,
                     mask: None,
+                    groups: None,
                 },
             )
         })?;

@@ -27,11 +27,12 @@ use super::device::{cuda_err, Device, Lanes};
 use super::kernels::MetricProgram;
 use super::launch::DEFAULT_RADIUS_PAIRS_PER_ROW;
 use super::lists;
+use super::memory::{addr, upload};
 use super::prepare::{
     dense_bytes_per_left_row, fast_kind, ColumnMap, ColumnProfile, DevPart, HostPart, DENSE_TILE_N,
 };
 use super::stats::{record_process_stats, GpuOptions, GpuStats};
-use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, RowMask, Selection};
+use crate::join::{Cancel, ExactRows, PairList, ProbeOptions, RowMask, Selection, NO_GROUP};
 use crate::metric::Semiring;
 use crate::vector::SparseBatch;
 
@@ -366,7 +367,7 @@ impl GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<(PairList, GpuStats)> {
-        self.probe_counted_masked(left, selection, options, cancel, None)
+        self.probe_counted_masked(left, selection, options, cancel, None, None)
     }
 
     /// Whether a probe for `selection` can skip a mask's failing rows in the kernels (their
@@ -385,7 +386,13 @@ impl GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
         mask: Option<&RowMask>,
+        groups: Option<(&[u32], &[u32])>,
     ) -> Result<(PairList, GpuStats)> {
+        if groups.is_some() && !self.masks_on_device(selection) {
+            return Err(exec_datafusion_err!(
+                "GPU: a grouped probe of {selection:?} cannot run in the kernels"
+            ));
+        }
         let mask = mask.filter(|_| self.masks_on_device(selection));
         if mask.is_some_and(|m| m.passing() == 0) {
             return Ok((PairList::default(), GpuStats::default()));
@@ -403,6 +410,18 @@ impl GpuIndex {
                 self.probe_large_k(inner, lanes, left, k, options, cancel, &mut probe_stats)
             }),
             _ => self.with_device(|inner, lanes| {
+                // within=COLUMN: both sides' groups on the device for the probe; a left row of
+                // no group is not computed.
+                let device = lanes.device();
+                let on_device = match groups {
+                    Some((l, r)) => Some((
+                        upload(device, l, &mut probe_stats)?,
+                        upload(device, r, &mut probe_stats)?,
+                    )),
+                    None => None,
+                };
+                let active: Option<Vec<bool>> =
+                    groups.map(|(l, _)| l.iter().map(|&g| g != NO_GROUP).collect());
                 self.probe_locked(
                     inner,
                     lanes,
@@ -413,6 +432,10 @@ impl GpuIndex {
                     &mut probe_stats,
                     Bounds {
                         mask,
+                        active_rows: active.as_deref(),
+                        groups: on_device
+                            .as_ref()
+                            .map(|(l, r)| (addr(device, l), addr(device, r))),
                         ..Bounds::NONE
                     },
                 )

@@ -74,6 +74,7 @@ impl GpuIndex {
                 radius_pairs_per_row: &inner.radius_pairs_per_row,
                 one_sided: bounds.one_sided.filter(|_| bounds.shared_only),
                 valid_bits: masked.as_ref(),
+                groups: bounds.groups,
             };
             let mut out = PairList::default();
             let work_budget = budget.saturating_sub(held).max(1);

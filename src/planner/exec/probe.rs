@@ -14,7 +14,7 @@ use datafusion::physical_plan::metrics::{
 };
 
 use super::Probing;
-use crate::join::{max_chunk_nnz, probe_within_groups, Cancel, PairList, ProbeOptions, Probed};
+use crate::join::{max_chunk_nnz, Cancel, GroupedProbe, PairList, ProbeOptions, Probed};
 use crate::planner::spec::{JoinSpec, Layout};
 use crate::vector::SparseBatch;
 
@@ -99,12 +99,13 @@ impl ProbeJob {
                 };
                 let index = &probe_build.index;
                 let mut piece = match (&within, &probe_build.mask) {
-                    (Some((members, groups)), mask) => probe_within_groups(
-                        index.as_ref(),
+                    (Some((members, groups)), mask) => index.probe_grouped(
                         left,
-                        &groups[offset..offset + left.len()],
-                        members,
-                        mask.as_ref(),
+                        GroupedProbe {
+                            left: &groups[offset..offset + left.len()],
+                            members,
+                            filter: mask.as_ref(),
+                        },
                         selection,
                         options,
                         &cancel,
