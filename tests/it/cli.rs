@@ -558,7 +558,8 @@ fn sql_examples_run() {
             "02_knn_graph.sql",
             "03_string_matching.sql",
             "04_jensen_shannon.sql",
-            "05_news20_classification.sql"
+            "05_news20_classification.sql",
+            "06_within_newsgroup.sql"
         ],
         "a new example needs its checks here"
     );
@@ -653,6 +654,21 @@ fn sql_examples_run() {
         assert!(rows.iter().all(|row| row[0] == rows[0][0]));
         assert!(rows.iter().all(|row| row[5].len() >= 2));
         assert!(rows.windows(2).all(|w| num(&w[0][6]) >= num(&w[1][6])));
+    }
+
+    // within=newsgroup: 503 test posts, 5 neighbours each, all of the post's own newsgroup.
+    let r = example(
+        "06_within_newsgroup.sql",
+        &[
+            "pairs,posts,other_newsgroup",
+            "post,newsgroup,neighbour,cosine_distance,rank",
+        ],
+    );
+    assert_eq!(r[0], [["2515", "503", "0"]]);
+    assert_eq!(r[1].len(), 9, "{:?}", r[1]);
+    for rows in r[1].chunks(3) {
+        assert!(rows.iter().all(|row| row[0] == rows[0][0] && row[1] == rows[0][1]));
+        assert!(rows.windows(2).all(|w| num(&w[0][3]) <= num(&w[1][3])));
     }
 }
 
