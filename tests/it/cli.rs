@@ -667,7 +667,9 @@ fn sql_examples_run() {
     assert_eq!(r[0], [["2515", "503", "0"]]);
     assert_eq!(r[1].len(), 9, "{:?}", r[1]);
     for rows in r[1].chunks(3) {
-        assert!(rows.iter().all(|row| row[0] == rows[0][0] && row[1] == rows[0][1]));
+        assert!(rows
+            .iter()
+            .all(|row| row[0] == rows[0][0] && row[1] == rows[0][1]));
         assert!(rows.windows(2).all(|w| num(&w[0][3]) <= num(&w[1][3])));
     }
 }

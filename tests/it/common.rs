@@ -429,6 +429,26 @@ pub fn pairs(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
     out
 }
 
+/// Two joins' `pairs` (one a fresh build over fewer rows) are the same answer: equal rows and ranks; distances equal to 1e-12 relative (a fresh build over fewer rows may
+/// choose other dense columns, whose sums run in another order), and where two neighbours tie
+/// that closely either order is right.
+pub fn assert_same_pairs(got: &[(i64, i64, f64, i32)], want: &[(i64, i64, f64, i32)], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: pairs");
+    let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!((g.0, g.3), (w.0, w.3), "{what}: pair {i}");
+        assert!(close(g.2, w.2), "{what}: pair {i}: {g:?} against {w:?}");
+        if g.1 != w.1 {
+            // A near-tie: the other order must hold the same neighbours at the same distance.
+            let other = want
+                .iter()
+                .find(|x| x.0 == g.0 && x.1 == g.1)
+                .unwrap_or_else(|| panic!("{what}: pair {i}: {g:?} not among {w:?}'s row"));
+            assert!(close(other.2, g.2), "{what}: pair {i}: {g:?} against {w:?}");
+        }
+    }
+}
+
 /// Raw counts in the thousands, as users' bag-of-words and single-cell data have.
 pub fn counts(rows: usize, seed: u64) -> Vec<Row> {
     let mut r = rng(seed);

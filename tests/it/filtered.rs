@@ -27,26 +27,6 @@ fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
     common::pairs(batches)
 }
 
-/// Equal rows and ranks; distances equal to 1e-12 relative (a fresh build over fewer rows may
-/// choose other dense columns, whose sums run in another order), and where two neighbours tie
-/// that closely either order is right.
-fn assert_same(got: &[(i64, i64, f64, i32)], want: &[(i64, i64, f64, i32)], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: pairs");
-    let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!((g.0, g.3), (w.0, w.3), "{what}: pair {i}");
-        assert!(close(g.2, w.2), "{what}: pair {i}: {g:?} against {w:?}");
-        if g.1 != w.1 {
-            // A near-tie: the other order must hold the same neighbours at the same distance.
-            let other = want
-                .iter()
-                .find(|x| x.0 == g.0 && x.1 == g.1)
-                .unwrap_or_else(|| panic!("{what}: pair {i}: {g:?} not among {w:?}'s row"));
-            assert!(close(other.2, g.2), "{what}: pair {i}: {g:?} against {w:?}");
-        }
-    }
-}
-
 async fn session_with(right: &str, left: &str) -> SessionContext {
     let ctx = datafusion_sparse_knn::session_context();
     ctx.register_parquet("r", right, Default::default())
@@ -100,7 +80,7 @@ async fn a_filtered_right_side_answers_as_a_fresh_build_of_its_rows_for_every_me
             );
             let got = answer(&collect(&ctx, &masked).await);
             let want = answer(&collect(&ctx, &fresh).await);
-            assert_same(&got, &want, &format!("{metric}, {predicate}"));
+            common::assert_same_pairs(&got, &want, &format!("{metric}, {predicate}"));
         }
     }
 }
@@ -156,7 +136,7 @@ async fn radius_joins_and_predicates_on_columns_not_shown_take_the_mask() {
         let got = answer(&collect(&ctx, &masked).await);
         let want = answer(&collect(&ctx, &fresh).await);
         assert!(!want.is_empty(), "{predicate}: the radius keeps no pair");
-        assert_same(&got, &want, &format!("radius, {predicate}"));
+        common::assert_same_pairs(&got, &want, &format!("radius, {predicate}"));
         // The filter's column is not among the right side's: `v` alone.
         let masked = format!(
             "SELECT query_id, distance, rank FROM knn_join(l, (SELECT v FROM r WHERE \
@@ -198,5 +178,5 @@ async fn a_changed_source_is_built_again_never_masked_with_old_rows() {
     let fresh = "SELECT * FROM knn_join(l, fresh, 'euclidean', 3, 'device=cpu') \
                  ORDER BY query_id, rank";
     let want = answer(&collect(&ctx, fresh).await);
-    assert_same(&got, &want, "after the rewrite");
+    common::assert_same_pairs(&got, &want, "after the rewrite");
 }

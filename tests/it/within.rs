@@ -97,24 +97,6 @@ async fn per_group(
     all
 }
 
-/// Equal pairs; distances equal to 1e-12 relative (a fresh build over fewer rows may choose other
-/// dense columns, whose sums run in another order).
-fn assert_same(got: &[(i64, i64, f64, i32)], want: &[(i64, i64, f64, i32)], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: pairs");
-    let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs());
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert_eq!((g.0, g.3), (w.0, w.3), "{what}: pair {i}");
-        assert!(close(g.2, w.2), "{what}: pair {i}: {g:?} against {w:?}");
-        if g.1 != w.1 {
-            let other = want
-                .iter()
-                .find(|x| x.0 == g.0 && x.1 == g.1)
-                .unwrap_or_else(|| panic!("{what}: pair {i}: {g:?} not among {w:?}'s row"));
-            assert!(close(other.2, g.2), "{what}: pair {i}: {g:?} against {w:?}");
-        }
-    }
-}
-
 #[tokio::test]
 async fn each_left_row_gets_its_groups_nearest_for_every_metric() {
     let (_dir, ctx) = grouped_session().await;
@@ -129,7 +111,7 @@ async fn each_left_row_gets_its_groups_nearest_for_every_metric() {
             let got = answer(&collect(&ctx, &sql).await);
             let want = per_group(&ctx, "knn_join", "6", metric, options, right_filter, false).await;
             let what = format!("{metric}, {right_filter}");
-            assert_same(&got, &want, &what);
+            common::assert_same_pairs(&got, &want, &what);
             // Left rows of a NULL key or of group 4 (no right row has it) have no neighbours.
             assert!(
                 got.iter().all(|p| p.0 % 13 != 0 && p.0 % 5 != 4),
@@ -151,7 +133,7 @@ async fn radius_joins_and_self_joins_stay_within_the_group() {
         !want.is_empty() && want.len() < 45 * 70,
         "the radius keeps some pairs"
     );
-    assert_same(&got, &want, "radius, cosine");
+    common::assert_same_pairs(&got, &want, "radius, cosine");
 
     for metric in ["euclidean", "jensenshannon"] {
         let sql = format!(
@@ -168,7 +150,7 @@ async fn radius_joins_and_self_joins_stay_within_the_group() {
             true,
         )
         .await;
-        assert_same(&got, &want, &format!("{metric}, self-join"));
+        common::assert_same_pairs(&got, &want, &format!("{metric}, self-join"));
         assert!(
             got.iter().all(|p| p.0 != p.1),
             "{metric}: a row paired with itself"
