@@ -17,6 +17,6 @@ python3 -m venv "$VENV"
 "$VENV/bin/maturin" build --release -m python/Cargo.toml --interpreter "$VENV/bin/python"
 "$VENV/bin/python" -m pip install "${PIP[@]}" "$WHEELS"/datafusion_sparse_knn-*.whl \
     numpy scipy scikit-learn pyarrow pytest "datafusion==55.*" \
-    scanpy igraph leidenalg umap-learn
+    scanpy igraph leidenalg umap-learn adbc-driver-flightsql
 # -p no:cacheprovider: leave no .pytest_cache in the work tree.
 "$VENV/bin/python" -m pytest -p no:cacheprovider python/tests

@@ -9,6 +9,7 @@
 pub mod cli;
 #[cfg(feature = "cluster")]
 pub mod cluster;
+pub mod confine;
 pub mod cpu;
 pub mod device;
 pub mod generate;
@@ -18,6 +19,8 @@ pub mod join;
 pub mod metric;
 pub mod options;
 pub mod planner;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod udf;
 pub mod vector;
 

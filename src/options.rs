@@ -506,6 +506,14 @@ pub fn parse_bytes(what: &str, text: &str) -> Result<u64> {
     }
 }
 
+/// The session's defaults for the options (the `sparse_knn.*` settings, when registered).
+pub fn session_options(config: &datafusion::common::config::ConfigOptions) -> Result<JoinOptions> {
+    match config.extensions.get::<SparseKnnConfig>() {
+        Some(c) => JoinOptions::from_config(c),
+        None => Ok(JoinOptions::default()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,13 +637,5 @@ mod tests {
         assert_eq!(options.device, DeviceChoice::Cpu);
         assert_eq!(options.dim, Some(64));
         assert_eq!(options.gpu_memory_limit, Some(2 << 30));
-    }
-}
-
-/// The session's defaults for the options (the `sparse_knn.*` settings, when registered).
-pub fn session_options(config: &datafusion::common::config::ConfigOptions) -> Result<JoinOptions> {
-    match config.extensions.get::<SparseKnnConfig>() {
-        Some(c) => JoinOptions::from_config(c),
-        None => Ok(JoinOptions::default()),
     }
 }

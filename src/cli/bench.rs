@@ -28,10 +28,20 @@ use crate::vector::{is_sparse_vector_type, SparseBatch, VectorCheck};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// What to time: the self `knn_join` (join, the default), or the distance matrix of the
-    /// first --queries rows against themselves (pairwise).
-    #[arg(value_parser = ["join", "pairwise"])]
+    /// What to time: the self `knn_join` (join, the default), the distance matrix of the
+    /// first --queries rows against themselves (pairwise), or a `sparse-knn serve` server under
+    /// --clients clients running the statements of --statements (serve).
+    #[arg(value_parser = ["join", "pairwise", "serve"])]
     pub mode: Option<String>,
+    /// serve: the server, grpc://HOST:PORT (token from SPARSE_KNN_TOKEN).
+    #[arg(long, value_name = "grpc://HOST:PORT")]
+    pub server: Option<String>,
+    /// serve: a file of statements, one a line, shared out among the clients in turn.
+    #[arg(long, value_name = "FILE")]
+    pub statements: Option<PathBuf>,
+    /// serve: clients running side by side, each on its own connection.
+    #[arg(long, default_value_t = 16)]
+    pub clients: usize,
     /// Generate this shape (movielens, nytimes, scrna, secedgar); the default when no --input.
     #[arg(long, conflicts_with = "input")]
     pub shape: Option<String>,
@@ -136,6 +146,12 @@ pub async fn run(args: BenchArgs) -> CliResult<()> {
     }
     let ctx = session()?;
     let data = load(&ctx, &args).await?;
+    if args.mode.as_deref() == Some("serve") {
+        #[cfg(feature = "serve")]
+        return super::bench_serve::run(&args).await;
+        #[cfg(not(feature = "serve"))]
+        cli_bail!("bench serve: this sparse-knn was built without the `serve` feature");
+    }
     if args.mode.as_deref() == Some("pairwise") {
         return pairwise(&args, &data, &metrics, &devices);
     }

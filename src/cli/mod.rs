@@ -12,12 +12,18 @@ macro_rules! cli_bail {
 }
 
 pub mod bench;
+#[cfg(feature = "serve")]
+mod bench_serve;
 #[cfg(feature = "cluster")]
 pub mod cluster;
 pub mod generate;
 pub mod index;
 pub mod knn;
 mod parquet_out;
+#[cfg(feature = "serve")]
+pub mod remote;
+#[cfg(feature = "serve")]
+pub mod serve;
 pub mod shell;
 pub mod sql;
 pub mod store;
@@ -33,7 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use datafusion::catalog::{DynamicFileCatalog, UrlTableFactory};
+use datafusion::catalog::UrlTableFactory;
 use datafusion::execution::context::SessionContext;
 use datafusion::prelude::{CsvReadOptions, JsonReadOptions, ParquetReadOptions, SessionConfig};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -62,6 +68,9 @@ pub enum Command {
     /// Build an index file (.skidx): the rows and their built index, loaded by later joins
     /// instead of built again.
     Index(index::IndexArgs),
+    /// Serve one shared session over Arrow Flight SQL (ADBC, JDBC, `sql --server`).
+    #[cfg(feature = "serve")]
+    Serve(serve::ServeArgs),
     /// Run an Apache Ballista scheduler with every sparse-knn function and operator.
     #[cfg(feature = "cluster")]
     Scheduler(cluster::SchedulerArgs),
@@ -132,7 +141,16 @@ pub fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn"))
+    // A server says what it serves (a line per statement) unless told otherwise.
+    #[cfg(feature = "serve")]
+    let default_filter = if matches!(cli.command, Command::Serve(_)) {
+        "warn,datafusion_sparse_knn=info"
+    } else {
+        "warn"
+    };
+    #[cfg(not(feature = "serve"))]
+    let default_filter = "warn";
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter))
         // Milliseconds: debug logs are how a run's phases are timed.
         .format_timestamp_millis()
         .init();
@@ -153,6 +171,8 @@ pub fn main() -> ExitCode {
             Command::Generate(args) => generate::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::Index(args) => index::run(args).await,
+            #[cfg(feature = "serve")]
+            Command::Serve(args) => serve::run(args).await,
             #[cfg(feature = "cluster")]
             Command::Scheduler(args) => cluster::run_scheduler(args).await,
             #[cfg(feature = "cluster")]
@@ -244,22 +264,12 @@ fn session_parts(options: &SessionOptions) -> CliResult<(SessionContext, Arc<sto
     let ctx = SessionContext::new_with_config_rt(config, runtime.build_arc()?);
     // URL tables let a query name a file directly: SELECT * FROM 'out.parquet' (or 's3://...').
     // This is `enable_url_table` with our factory, which reports why an S3 URL cannot be read.
-    let session_id = ctx.session_id();
     let factory = Arc::new(store::UrlTables::default());
-    let catalogs = Arc::new(DynamicFileCatalog::new(
-        Arc::clone(ctx.state().catalog_list()),
+    let ctx = crate::planner::with_url_tables(
+        ctx,
         Arc::clone(&factory) as Arc<dyn UrlTableFactory>,
-    ));
-    let ctx: SessionContext = ctx
-        .into_state_builder()
-        .with_session_id(session_id)
-        .with_catalog_list(catalogs)
-        .build()
-        .into();
-    factory
-        .inner()
-        .session_store()
-        .with_state(ctx.state_weak_ref());
+        factory.inner(),
+    );
     crate::register_all(&ctx)?;
     Ok((ctx, factory))
 }

@@ -56,6 +56,51 @@ pub struct SqlArgs {
     /// `-- statement N: 0.0123 s, R rows`.
     #[arg(long)]
     pub timing: bool,
+    /// Run the statements on a `sparse-knn serve` server: grpc://HOST:PORT, or
+    /// grpc+tls://HOST:PORT with --tls-ca.
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "grpc://HOST:PORT", conflicts_with_all = ["cluster", "tables", "memory_limit"])]
+    pub server: Option<String>,
+    /// With --server: a file holding the bearer token (else the variable SPARSE_KNN_TOKEN).
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "FILE", requires = "server")]
+    pub token_file: Option<PathBuf>,
+    /// With --server grpc+tls://: the CA certificate (PEM) that signed the server's.
+    #[cfg(feature = "serve")]
+    #[arg(long, value_name = "FILE", requires = "server")]
+    pub tls_ca: Option<PathBuf>,
+}
+
+/// The SQL of `-c` and the files, each with where it came from.
+fn given_sources(args: &SqlArgs) -> CliResult<Vec<(String, String)>> {
+    let mut sources: Vec<(String, String)> = args
+        .command
+        .iter()
+        .map(|c| ("-c".to_string(), c.clone()))
+        .collect();
+    for f in &args.files {
+        let text = std::fs::read_to_string(f)
+            .map_err(|e| CliError(format!("cannot read {}: {e}", f.display())))?;
+        sources.push((f.display().to_string(), text));
+    }
+    Ok(sources)
+}
+
+fn standard_input() -> CliResult<(String, String)> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .map_err(|e| CliError(format!("cannot read standard input: {e}")))?;
+    Ok(("<stdin>".to_string(), text))
+}
+
+/// An error of the statements from `label`, said with where they came from.
+fn in_source(label: &str, e: CliError) -> CliError {
+    if label == "-c" {
+        e
+    } else {
+        CliError(format!("{label}: {}", e.0))
+    }
 }
 
 pub async fn run(args: SqlArgs) -> CliResult<()> {
@@ -65,6 +110,10 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         .map(|s| parse_bytes("--memory-limit", s))
         .transpose()
         .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?;
+    #[cfg(feature = "serve")]
+    if let Some(url) = &args.server {
+        return run_remote(url, &args).await;
+    }
     let options = SessionOptions {
         memory_limit,
         cluster_timeout: args.cluster_timeout.map(std::time::Duration::from_secs),
@@ -77,36 +126,47 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         let location = Location::parse(&format!("--table {}", name.trim()), path)?;
         register_location(&ctx, name.trim(), &location).await?;
     }
-    let mut sources: Vec<(String, String)> = args
-        .command
-        .iter()
-        .map(|c| ("-c".to_string(), c.clone()))
-        .collect();
-    for f in &args.files {
-        let text = std::fs::read_to_string(f)
-            .map_err(|e| CliError(format!("cannot read {}: {e}", f.display())))?;
-        sources.push((f.display().to_string(), text));
-    }
+    let mut sources = given_sources(&args)?;
     if sources.is_empty() && std::io::stdin().is_terminal() {
         return super::shell::run(ctx, args.format).await;
     }
     if sources.is_empty() {
-        let mut text = String::new();
-        std::io::stdin()
-            .read_to_string(&mut text)
-            .map_err(|e| CliError(format!("cannot read standard input: {e}")))?;
-        sources.push(("<stdin>".to_string(), text));
+        sources.push(standard_input()?);
     }
     let mut printer = Printer::new(args.format);
     printer.timing = args.timing;
     for (label, text) in &sources {
-        run_script(&ctx, text, &mut printer).await.map_err(|e| {
-            if label == "-c" {
-                e
-            } else {
-                CliError(format!("{label}: {}", e.0))
-            }
-        })?;
+        run_script(&ctx, text, &mut printer)
+            .await
+            .map_err(|e| in_source(label, e))?;
+    }
+    Ok(())
+}
+
+/// `sparse-knn sql --server URL`: the statements of -c, the files or standard input, run by a
+/// server.
+#[cfg(feature = "serve")]
+async fn run_remote(url: &str, args: &SqlArgs) -> CliResult<()> {
+    let token = super::serve::read_token(args.token_file.as_deref())?;
+    let mut remote = super::remote::Remote::connect(
+        url,
+        token.text().map(str::to_string),
+        args.tls_ca.as_deref(),
+    )
+    .await?;
+    let mut sources = given_sources(args)?;
+    if sources.is_empty() {
+        if std::io::stdin().is_terminal() {
+            cli_bail!("--server {url}: give the statements with -c, files or standard input (the shell runs locally only)");
+        }
+        sources.push(standard_input()?);
+    }
+    let mut printer = Printer::new(args.format);
+    printer.timing = args.timing;
+    for (label, text) in &sources {
+        super::remote::run_script(&mut remote, text, &mut printer)
+            .await
+            .map_err(|e| in_source(label, e))?;
     }
     Ok(())
 }
@@ -157,14 +217,7 @@ pub async fn run_script(
             "sql: a statement ran in {:?} ({rows} rows)",
             started.elapsed()
         );
-        if printer.timing {
-            printer.statements += 1;
-            eprintln!(
-                "-- statement {}: {:.4} s, {rows} rows",
-                printer.statements,
-                started.elapsed().as_secs_f64()
-            );
-        }
+        printer.statement_done(started, rows);
         if !schema.fields().is_empty() {
             printer.finish_query(&schema, &batches)?;
             printed = Some(printed.unwrap_or(0) + rows);
@@ -189,6 +242,18 @@ impl Printer {
             header_written: false,
             timing: false,
             statements: 0,
+        }
+    }
+
+    /// With `--timing`, says on stderr that a statement started at `started` returned `rows`.
+    pub fn statement_done(&mut self, started: std::time::Instant, rows: u64) {
+        if self.timing {
+            self.statements += 1;
+            eprintln!(
+                "-- statement {}: {:.4} s, {rows} rows",
+                self.statements,
+                started.elapsed().as_secs_f64()
+            );
         }
     }
 

@@ -12,10 +12,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use datafusion::catalog::{TableProvider, UrlTableFactory};
-use datafusion::common::{plan_datafusion_err, DataFusionError, Result};
+use datafusion::common::{DataFusionError, Result};
 use datafusion::datasource::dynamic_file::DynamicListTableFactory;
-use datafusion::datasource::listing::{ListingTableConfig, ListingTableConfigExt, ListingTableUrl};
-use datafusion::execution::context::SessionState;
 use datafusion::execution::object_store::{DefaultObjectStoreRegistry, ObjectStoreRegistry};
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::ObjectStore;
@@ -172,31 +170,7 @@ impl UrlTableFactory for UrlTables {
         if found.is_some() || !is_object_store_url(url) {
             return Ok(found);
         }
-        let state = self
-            .inner
-            .session_store()
-            .get_session()
-            .upgrade()
-            .and_then(|s| s.read().as_any().downcast_ref::<SessionState>().cloned())
-            .ok_or_else(|| plan_datafusion_err!("'{url}': the session is gone"))?;
-        // DataFusion's factory drops the reason; take the same steps again to get it.
-        let why = match ListingTableUrl::parse(url) {
-            Err(e) => e,
-            Ok(table_url) => match ListingTableConfig::new(table_url)
-                .infer_options(&state)
-                .await
-            {
-                Err(e) => e,
-                Ok(config) => match config.infer_schema(&state).await {
-                    Err(e) => e,
-                    Ok(_) => plan_datafusion_err!("no Parquet, CSV or JSON files found"),
-                },
-            },
-        };
-        Err(plan_datafusion_err!(
-            "cannot read '{url}': {}",
-            why.strip_backtrace()
-        ))
+        Err(crate::planner::url_table_failure(&self.inner, url).await)
     }
 }
 

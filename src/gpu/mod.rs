@@ -35,7 +35,7 @@ pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
     join_pieces, join_shards, max_chunk_nnz, probe_masked_by_growing, probe_within_groups,
-    split_row_ranges, Backend, Cancel, GroupedProbe, JoinIndex, MatrixOut, MatrixRows,
+    split_row_ranges, Backend, Cancel, GroupedProbe, JoinIndex, MatrixOut, MatrixRows, PairList,
     ProbeOptions, Probed, ReplicatedIndex, RowMask, Selection,
 };
 use crate::metric::{Metric, Semiring};
@@ -424,6 +424,20 @@ impl GpuBackend {
     }
 }
 
+impl GpuIndex {
+    /// A probe's pairs with its kernel time and uploads, as one GPU's [`Probed`].
+    fn probed(&self, counted: Result<(PairList, GpuStats)>) -> Result<Probed> {
+        let (pairs, stats) = counted?;
+        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
+        Ok(Probed {
+            parts: vec![pairs],
+            compute_time: kernel_time,
+            bytes_to_device: stats.bytes_to_device,
+            gpu_times: vec![(self.ordinal(), kernel_time)],
+        })
+    }
+}
+
 impl JoinIndex for GpuIndex {
     fn probe_cancellable(
         &self,
@@ -432,14 +446,7 @@ impl JoinIndex for GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        let (pairs, stats) = self.probe_counted(left, selection, options, cancel)?;
-        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
-        Ok(Probed {
-            parts: vec![pairs],
-            compute_time: kernel_time,
-            bytes_to_device: stats.bytes_to_device,
-            gpu_times: vec![(self.ordinal(), kernel_time)],
-        })
+        self.probed(self.probe_counted(left, selection, options, cancel))
     }
 
     /// The folded metrics skip the failing rows in the kernels (the mask folded into the valid
@@ -462,15 +469,7 @@ impl JoinIndex for GpuIndex {
         if mask.all_pass() || !self.masks_on_device(selection) {
             return probe_masked_by_growing(self, left, selection, options, mask, cancel);
         }
-        let (pairs, stats) =
-            self.probe_counted_masked(left, selection, options, cancel, Some(mask), None)?;
-        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
-        Ok(Probed {
-            parts: vec![pairs],
-            compute_time: kernel_time,
-            bytes_to_device: stats.bytes_to_device,
-            gpu_times: vec![(self.ordinal(), kernel_time)],
-        })
+        self.probed(self.probe_counted_masked(left, selection, options, cancel, Some(mask), None))
     }
 
     /// The folded metrics compare the groups in the kernels: one probe of the whole batch,
@@ -486,21 +485,14 @@ impl JoinIndex for GpuIndex {
         if !self.masks_on_device(selection) || groups.members.right_rows() != self.rows() {
             return probe_within_groups(self, left, groups, selection, options, cancel);
         }
-        let (pairs, stats) = self.probe_counted_masked(
+        self.probed(self.probe_counted_masked(
             left,
             selection,
             options,
             cancel,
             groups.filter,
             Some((groups.left, groups.members.right_groups())),
-        )?;
-        let kernel_time = Duration::from_nanos(stats.kernel_nanos);
-        Ok(Probed {
-            parts: vec![pairs],
-            compute_time: kernel_time,
-            bytes_to_device: stats.bytes_to_device,
-            gpu_times: vec![(self.ordinal(), kernel_time)],
-        })
+        ))
     }
 
     fn memory_size(&self) -> usize {

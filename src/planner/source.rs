@@ -33,6 +33,63 @@ pub(crate) fn block_on_io<T>(
     }
 }
 
+/// `ctx` with URL tables (`SELECT * FROM 'x.parquet'`) answered by `factory`, a wrapper of
+/// DataFusion's factory `inner`: `SessionContext::enable_url_table` with a factory of our own
+/// (one that says why a path cannot be read), `inner` pointed at the new session.
+pub fn with_url_tables(
+    ctx: datafusion::prelude::SessionContext,
+    factory: Arc<dyn datafusion::catalog::UrlTableFactory>,
+    inner: &datafusion::datasource::dynamic_file::DynamicListTableFactory,
+) -> datafusion::prelude::SessionContext {
+    let session_id = ctx.session_id();
+    let catalogs = Arc::new(datafusion::catalog::DynamicFileCatalog::new(
+        Arc::clone(ctx.state().catalog_list()),
+        factory,
+    ));
+    let ctx: datafusion::prelude::SessionContext = ctx
+        .into_state_builder()
+        .with_session_id(session_id)
+        .with_catalog_list(catalogs)
+        .build()
+        .into();
+    inner.session_store().with_state(ctx.state_weak_ref());
+    ctx
+}
+
+/// Why DataFusion's URL-table factory found no table at `url`, which it does not say: the same
+/// steps taken again (parse, find the files and their format, read a schema) give the reason: a
+/// file the store refused, credentials, a missing folder.
+pub async fn url_table_failure(
+    factory: &datafusion::datasource::dynamic_file::DynamicListTableFactory,
+    url: &str,
+) -> datafusion::common::DataFusionError {
+    use datafusion::common::plan_datafusion_err;
+    use datafusion::datasource::listing::ListingTableConfigExt;
+    use datafusion::execution::context::SessionState;
+    let state = factory
+        .session_store()
+        .get_session()
+        .upgrade()
+        .and_then(|s| s.read().as_any().downcast_ref::<SessionState>().cloned());
+    let Some(state) = state else {
+        return plan_datafusion_err!("'{url}': the session is gone");
+    };
+    let why = match ListingTableUrl::parse(url) {
+        Err(e) => e,
+        Ok(table_url) => match ListingTableConfig::new(table_url)
+            .infer_options(&state)
+            .await
+        {
+            Err(e) => e,
+            Ok(config) => match config.infer_schema(&state).await {
+                Err(e) => e,
+                Ok(_) => plan_datafusion_err!("no Parquet, CSV or JSON files found"),
+            },
+        },
+    };
+    plan_datafusion_err!("cannot read '{url}': {}", why.strip_backtrace())
+}
+
 /// Whether `text` is an object-store URL (a scheme other than `file://`). The planner and the CLI
 /// both ask; the CLI resolves such URLs into object stores, the planner only recognises them.
 pub fn is_object_store_url(text: &str) -> bool {
@@ -88,6 +145,17 @@ pub fn path_table(
     path: &str,
     config: &ConfigOptions,
 ) -> Result<Arc<dyn TableProvider>> {
+    if let Some(roots) = crate::confine::ReadRoots::of(config) {
+        if is_object_store_url(path) {
+            return plan_err!(
+                "{function}: {argument}: '{path}': this server reads local files only"
+            );
+        }
+        let local = path.strip_prefix("file://").unwrap_or(path);
+        if let Err(why) = roots.check(Path::new(local)) {
+            return plan_err!("{function}: {argument}: {why}");
+        }
+    }
     if crate::index::is_index_path(path) && !is_object_store_url(path) {
         let local = path.strip_prefix("file://").unwrap_or(path);
         let table = crate::index::IndexTable::open(Path::new(local))

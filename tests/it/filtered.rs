@@ -142,10 +142,9 @@ async fn radius_joins_and_predicates_on_columns_not_shown_take_the_mask() {
             "SELECT query_id, distance, rank FROM knn_join(l, (SELECT v FROM r WHERE \
              {predicate}), 'manhattan', 4, 'device=cpu') ORDER BY query_id, rank"
         );
-        let fresh = format!(
-            "SELECT query_id, distance, rank FROM knn_join(l, (SELECT v FROM fresh), \
+        let fresh = "SELECT query_id, distance, rank FROM knn_join(l, (SELECT v FROM fresh), \
              'manhattan', 4, 'device=cpu') ORDER BY query_id, rank"
-        );
+            .to_string();
         let got = collect(&ctx, &masked).await;
         let want = collect(&ctx, &fresh).await;
         let text = |b: &[RecordBatch]| {

@@ -23,6 +23,8 @@ mod properties;
 mod real_counts;
 mod reference;
 mod s3;
+#[cfg(feature = "serve")]
+mod serve;
 mod shell;
 mod vector_input;
 mod within;

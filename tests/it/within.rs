@@ -59,7 +59,7 @@ async fn copy(ctx: &SessionContext, name: &str, query: &str) {
 /// radius join's rank-less pairs).
 fn answer(batches: &[RecordBatch]) -> Vec<(i64, i64, f64, i32)> {
     let mut pairs = common::pairs(batches);
-    pairs.sort_by(|a, b| (a.0, a.3, a.1).cmp(&(b.0, b.3, b.1)));
+    pairs.sort_by_key(|a| (a.0, a.3, a.1));
     pairs
 }
 
@@ -93,7 +93,7 @@ async fn per_group(
         );
         all.extend(common::pairs(&collect(ctx, &sql).await));
     }
-    all.sort_by(|a, b| (a.0, a.3, a.1).cmp(&(b.0, b.3, b.1)));
+    all.sort_by_key(|a| (a.0, a.3, a.1));
     all
 }
 

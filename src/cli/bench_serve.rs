@@ -1,0 +1,83 @@
+//! `sparse-knn bench serve`: many clients against a `sparse-knn serve` server, each on its own
+//! connection, running a file's statements shared out in turn; latency percentiles and
+//! statements a second.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::bench::BenchArgs;
+use super::remote::Remote;
+use super::{CliError, CliResult};
+
+pub async fn run(args: &BenchArgs) -> CliResult<()> {
+    let Some(url) = args.server.as_deref() else {
+        cli_bail!("bench serve: give the server with --server grpc://HOST:PORT");
+    };
+    let Some(file) = args.statements.as_deref() else {
+        cli_bail!("bench serve: give the statements with --statements FILE (one a line)");
+    };
+    if args.clients == 0 {
+        cli_bail!("--clients must be at least 1");
+    }
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| CliError(format!("--statements {}: {e}", file.display())))?;
+    let statements: Arc<Vec<String>> = Arc::new(
+        text.lines()
+            .map(|l| l.trim().trim_end_matches(';').to_string())
+            .filter(|l| !l.is_empty() && !l.starts_with("--"))
+            .collect(),
+    );
+    if statements.is_empty() {
+        cli_bail!("--statements {}: no statement", file.display());
+    }
+    let token = super::serve::read_token(None)?;
+    let mut remotes = Vec::new();
+    for _ in 0..args.clients {
+        remotes.push(Remote::connect(url, token.text().map(str::to_string), None).await?);
+    }
+    eprintln!(
+        "bench serve: {} statements, {} clients, against {url}",
+        statements.len(),
+        args.clients
+    );
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for (client, mut remote) in remotes.into_iter().enumerate() {
+        let statements = Arc::clone(&statements);
+        let clients = args.clients;
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            for sql in statements.iter().skip(client).step_by(clients) {
+                let at = Instant::now();
+                remote.query(sql).await?;
+                latencies.push(at.elapsed());
+            }
+            Ok::<_, CliError>(latencies)
+        }));
+    }
+    let mut latencies: Vec<Duration> = Vec::new();
+    for task in tasks {
+        let mut part = task
+            .await
+            .map_err(|e| CliError(format!("a client's task ended: {e}")))??;
+        latencies.append(&mut part);
+    }
+    let wall = started.elapsed();
+    latencies.sort();
+    let at = |q: f64| {
+        let i = ((latencies.len() as f64 * q).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i].as_secs_f64() * 1e3
+    };
+    println!(
+        "statements={} clients={} wall_s={:.3} per_s={:.1} p50_ms={:.2} p90_ms={:.2} p99_ms={:.2} max_ms={:.2}",
+        latencies.len(),
+        args.clients,
+        wall.as_secs_f64(),
+        latencies.len() as f64 / wall.as_secs_f64(),
+        at(0.50),
+        at(0.90),
+        at(0.99),
+        at(1.0)
+    );
+    Ok(())
+}

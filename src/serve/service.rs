@@ -1,0 +1,401 @@
+//! The Flight SQL service over one shared session: statements and prepared statements (what
+//! ADBC drivers and the Flight SQL JDBC driver send), planned against the session as it is,
+//! checked (read-only unless allowed; reads confined to the roots), run with a bound on how
+//! many run at once and an optional deadline, and streamed back as Arrow IPC.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow::datatypes::SchemaRef;
+use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::{
+    ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
+    ActionCreatePreparedStatementResult, Any, CommandPreparedStatementQuery, CommandStatementQuery,
+    ProstMessageExt, SqlInfo, TicketStatementQuery,
+};
+use arrow_flight::{
+    FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
+    SchemaAsIpc, Ticket,
+};
+use datafusion::error::DataFusionError;
+use datafusion::execution::context::{SQLOptions, SessionContext};
+use datafusion::logical_expr::LogicalPlan;
+use futures::{Stream, StreamExt, TryStreamExt};
+use prost::Message;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::auth::peer;
+
+type DoGetStream = Pin<Box<dyn Stream<Item = Result<arrow_flight::FlightData, Status>> + Send>>;
+
+/// What the service needs to know besides the session.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Statements that write or change the shared catalogue (COPY, INSERT, CREATE, DROP, SET).
+    pub allow_writes: bool,
+    /// Statements running at once; more wait for a slot.
+    pub max_statements: usize,
+    /// A statement still running after this is cancelled.
+    pub statement_timeout: Option<Duration>,
+}
+
+/// Serves `ctx` to every client: one session, so one index cache, for all of them.
+pub struct SqlEndpoint {
+    ctx: SessionContext,
+    limits: Limits,
+    slots: Arc<Semaphore>,
+    statements: AtomicU64,
+}
+
+impl SqlEndpoint {
+    pub fn new(ctx: SessionContext, limits: Limits) -> Self {
+        let slots = Arc::new(Semaphore::new(limits.max_statements.max(1)));
+        Self {
+            ctx,
+            limits,
+            slots,
+            statements: AtomicU64::new(0),
+        }
+    }
+
+    fn sql_options(&self) -> SQLOptions {
+        let writes = self.limits.allow_writes;
+        SQLOptions::new()
+            .with_allow_ddl(writes)
+            .with_allow_dml(writes)
+            .with_allow_statements(writes)
+    }
+
+    /// `sql` planned against the session as it is now, refused if it would write while writes
+    /// are not allowed. Planning reads nothing outside the roots (the planner checks paths).
+    async fn plan(&self, sql: &str) -> Result<LogicalPlan, Status> {
+        let plan = self
+            .ctx
+            .state()
+            .create_logical_plan(sql)
+            .await
+            .map_err(status_of)?;
+        self.sql_options().verify_plan(&plan).map_err(|e| {
+            Status::permission_denied(format!(
+                "{}: this server is read-only (sparse-knn serve --allow-writes lets statements write or change its tables)",
+                e.strip_backtrace()
+            ))
+        })?;
+        Ok(plan)
+    }
+
+    async fn flight_info(
+        &self,
+        sql: &str,
+        ticket: Vec<u8>,
+        descriptor: FlightDescriptor,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let plan = self.plan(sql).await?;
+        let schema = plan.schema().as_arrow().clone();
+        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+        let info = FlightInfo::new()
+            .try_with_schema(&schema)
+            .map_err(|e| Status::internal(format!("encoding the result's schema: {e}")))?
+            .with_endpoint(endpoint)
+            .with_descriptor(descriptor);
+        Ok(Response::new(info))
+    }
+
+    /// Runs `sql` once a slot is free and streams its rows; the statement ends (and frees its
+    /// memory) when its rows are sent, when it fails, when it passes the deadline, or when the
+    /// client goes away (the stream is dropped).
+    async fn run(&self, sql: &str, peer: String) -> Result<Response<DoGetStream>, Status> {
+        let id = self.statements.fetch_add(1, Ordering::Relaxed) + 1;
+        let permit = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| Status::unavailable("the server is stopping"))?;
+        let started = Instant::now();
+        log::info!("serve: statement {id} from {peer}: {}", one_line(sql));
+        let outcome = async {
+            let plan = self.plan(sql).await?;
+            let df = self
+                .ctx
+                .execute_logical_plan(plan)
+                .await
+                .map_err(status_of)?;
+            let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+            let batches = df.execute_stream().await.map_err(status_of)?;
+            Ok::<_, Status>((schema, batches))
+        }
+        .await;
+        let (schema, batches) = match outcome {
+            Ok(ok) => ok,
+            Err(status) => {
+                log::info!(
+                    "serve: statement {id} refused or failed: {}",
+                    status.message()
+                );
+                return Err(status);
+            }
+        };
+        let running = Running {
+            id,
+            started,
+            rows: 0,
+            ended: None,
+            _slot: permit,
+        };
+        let deadline = self
+            .limits
+            .statement_timeout
+            .map(|t| (t, tokio::time::Instant::from_std(started) + t));
+        let rows = futures::stream::unfold(
+            (batches, running),
+            move |(mut batches, mut running)| async move {
+                if running.ended.is_some() {
+                    return None;
+                }
+                let next = match deadline {
+                    Some((timeout, at)) => {
+                        match tokio::time::timeout_at(at, batches.next()).await {
+                            Ok(next) => next,
+                            Err(_) => {
+                                running.ended = Some("cancelled at the statement timeout");
+                                let status = Status::deadline_exceeded(format!(
+                                "the statement ran past the server's statement timeout ({timeout:?}) and was cancelled"
+                            ));
+                                return Some((
+                                    Err(FlightError::Tonic(Box::new(status))),
+                                    (batches, running),
+                                ));
+                            }
+                        }
+                    }
+                    None => batches.next().await,
+                };
+                match next {
+                    Some(Ok(batch)) => {
+                        running.rows += batch.num_rows() as u64;
+                        Some((Ok(batch), (batches, running)))
+                    }
+                    Some(Err(e)) => {
+                        running.ended = Some("failed");
+                        let status = status_of(e);
+                        log::info!("serve: statement {}: {}", running.id, status.message());
+                        Some((
+                            Err(FlightError::Tonic(Box::new(status))),
+                            (batches, running),
+                        ))
+                    }
+                    None => {
+                        running.ended = Some("done");
+                        drop((batches, running));
+                        None
+                    }
+                }
+            },
+        );
+        let encoded = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(rows)
+            .map_err(Status::from);
+        Ok(Response::new(Box::pin(encoded)))
+    }
+}
+
+/// A statement whose rows are being sent: holds its slot, and says how it ended when dropped.
+struct Running {
+    id: u64,
+    started: Instant,
+    rows: u64,
+    ended: Option<&'static str>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let how = self
+            .ended
+            .unwrap_or("cancelled: the client went away or cancelled");
+        log::info!(
+            "serve: statement {} {how} after {:.3} s, {} rows sent",
+            self.id,
+            self.started.elapsed().as_secs_f64(),
+            self.rows
+        );
+    }
+}
+
+/// A statement on one line of a log, cut at 300 characters.
+fn one_line(sql: &str) -> String {
+    let line = sql.split_whitespace().collect::<Vec<_>>().join(" ");
+    match line.char_indices().nth(300) {
+        Some((cut, _)) => format!("{}...", &line[..cut]),
+        None => line,
+    }
+}
+
+/// A DataFusion error as the client sees it: the message without the backtrace, coded by whose
+/// fault it is.
+fn status_of(error: DataFusionError) -> Status {
+    let message = error.strip_backtrace();
+    match error.find_root() {
+        DataFusionError::ResourcesExhausted(_) => Status::resource_exhausted(message),
+        DataFusionError::NotImplemented(_) => Status::unimplemented(message),
+        DataFusionError::ObjectStore(e)
+            if matches!(**e, object_store::Error::PermissionDenied { .. }) =>
+        {
+            Status::permission_denied(message)
+        }
+        DataFusionError::Plan(m) | DataFusionError::Execution(m) if m.contains("--allow-path") => {
+            Status::permission_denied(message)
+        }
+        DataFusionError::Plan(_)
+        | DataFusionError::SQL(..)
+        | DataFusionError::SchemaError(..)
+        | DataFusionError::Configuration(_) => Status::invalid_argument(message),
+        _ => Status::unknown(message),
+    }
+}
+
+fn statement_text(bytes: &[u8]) -> Result<String, Status> {
+    String::from_utf8(bytes.to_vec())
+        .map_err(|_| Status::invalid_argument("the statement handle is not this server's"))
+}
+
+#[tonic::async_trait]
+impl FlightSqlService for SqlEndpoint {
+    type FlightService = SqlEndpoint;
+
+    /// Clients that shake hands first (some JDBC and ADBC set-ups) are admitted by the token
+    /// they already sent with it; there is no other credential to trade.
+    async fn do_handshake(
+        &self,
+        _request: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<
+        Response<Pin<Box<dyn Stream<Item = Result<HandshakeResponse, Status>> + Send>>>,
+        Status,
+    > {
+        let reply = HandshakeResponse {
+            protocol_version: 0,
+            payload: Default::default(),
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(reply)]))))
+    }
+
+    async fn get_flight_info_statement(
+        &self,
+        query: CommandStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        // The ticket carries the statement itself: nothing is kept for a client that never
+        // fetches its rows, and any of the server's connections can answer it.
+        let ticket = TicketStatementQuery {
+            statement_handle: query.query.clone().into_bytes().into(),
+        };
+        self.flight_info(
+            &query.query,
+            ticket.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+        .await
+    }
+
+    async fn get_flight_info_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let sql = statement_text(&query.prepared_statement_handle)?;
+        self.flight_info(&sql, query.as_any().encode_to_vec(), request.into_inner())
+            .await
+    }
+
+    async fn do_get_statement(
+        &self,
+        ticket: TicketStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let sql = statement_text(&ticket.statement_handle)?;
+        self.run(&sql, peer(&request)).await
+    }
+
+    async fn do_get_prepared_statement(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let sql = statement_text(&query.prepared_statement_handle)?;
+        self.run(&sql, peer(&request)).await
+    }
+
+    /// A prepared statement is its text (parameters are not supported): planned now to check
+    /// it and give its schema, planned again when run, against the session as it is then.
+    async fn do_action_create_prepared_statement(
+        &self,
+        query: ActionCreatePreparedStatementRequest,
+        _request: Request<arrow_flight::Action>,
+    ) -> Result<ActionCreatePreparedStatementResult, Status> {
+        let plan = self.plan(&query.query).await?;
+        let schema = plan.schema().as_arrow().clone();
+        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
+            .try_into()
+            .map_err(|e: arrow::error::ArrowError| {
+                Status::internal(format!("encoding the result's schema: {e}"))
+            })?;
+        Ok(ActionCreatePreparedStatementResult {
+            prepared_statement_handle: query.query.into_bytes().into(),
+            dataset_schema,
+            parameter_schema: Default::default(),
+        })
+    }
+
+    async fn do_action_close_prepared_statement(
+        &self,
+        _query: ActionClosePreparedStatementRequest,
+        _request: Request<arrow_flight::Action>,
+    ) -> Result<(), Status> {
+        Ok(())
+    }
+
+    async fn do_get_fallback(
+        &self,
+        _request: Request<Ticket>,
+        message: Any,
+    ) -> Result<Response<<Self as FlightService>::DoGetStream>, Status> {
+        Err(Status::unimplemented(format!(
+            "this server answers SQL statements and prepared statements, not {}",
+            message.type_url
+        )))
+    }
+
+    async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_statements_are_logged_on_one_cut_line() {
+        assert_eq!(one_line("SELECT 1\n  FROM t"), "SELECT 1 FROM t");
+        let long = "x ".repeat(400);
+        assert!(one_line(&long).ends_with("..."));
+        assert!(one_line(&long).len() < 310);
+    }
+
+    #[test]
+    fn errors_are_coded_by_whose_fault_they_are() {
+        let refused = status_of(DataFusionError::Plan(
+            "knn_join: right: '/etc' is outside the folders this server reads (/data); its administrator can add a folder with --allow-path".into(),
+        ));
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        let bad = status_of(DataFusionError::Plan("table 'x' not found".into()));
+        assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+        let big = status_of(DataFusionError::ResourcesExhausted("pool".into()));
+        assert_eq!(big.code(), tonic::Code::ResourceExhausted);
+    }
+}
