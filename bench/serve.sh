@@ -54,7 +54,7 @@ echo "== the same lookups back to back in one sparse-knn sql process"
 "$BIN" sql --timing "$WORK/warmup.sql" "$WORK/lookups.sql" 2>&1 >/dev/null \
     | python3 -c '
 import re, sys
-times = [float(m[1]) for m in (re.match(r"-- statement (\d+): ([\d.]+) s", l) for l in sys.stdin) if m]
+times = [float(m[2]) for m in (re.match(r"-- statement (\d+): ([\d.]+) s", l) for l in sys.stdin) if m]
 lookups = times[3:]  # after the two CREATEs and the warm-up lookup
 print("statements=%d wall_s=%.3f per_s=%.1f p50_ms=%.2f" % (len(lookups), sum(lookups),
       len(lookups) / sum(lookups), sorted(lookups)[len(lookups) // 2] * 1e3))'

@@ -210,15 +210,19 @@ impl UrlTableFactory for ConfinedUrlTables {
             return plan_err!("'{url}': this server reads local files only");
         }
         let local = url.strip_prefix("file://").unwrap_or(url);
-        // A name that is no path at all (an unknown table) is left to the catalog's error.
+        // A name that is no path at all (an unknown table) is left to the catalog's error; so is
+        // a bare name outside the roots that happens to name a file or folder of the working
+        // folder (`CREATE EXTERNAL TABLE docs` asks whether a table `docs` exists first).
+        let bare = !local.contains(['/', '\\']) && !url.starts_with("file://");
         if !crate::planner::looks_like_path(local) {
             return Ok(None);
         }
         if let Err(why) = self.roots.check(std::path::Path::new(local)) {
-            return plan_err!("{why}");
+            return if bare { Ok(None) } else { plan_err!("{why}") };
         }
         match self.inner.try_new(url).await? {
             Some(table) => Ok(Some(table)),
+            None if bare => Ok(None),
             // Under a root but unreadable: a link inside that leads out, a missing file.
             None => Err(crate::planner::url_table_failure(&self.inner, url).await),
         }
