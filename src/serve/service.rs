@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::encode::FlightDataEncoderBuilder;
@@ -16,13 +17,15 @@ use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::server::FlightSqlService;
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
-    ActionCreatePreparedStatementResult, Any, CommandPreparedStatementQuery, CommandStatementQuery,
-    ProstMessageExt, SqlInfo, TicketStatementQuery,
+    ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
+    CommandGetTables, CommandPreparedStatementQuery, CommandStatementQuery, ProstMessageExt,
+    SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
     SchemaAsIpc, Ticket,
 };
+use datafusion::datasource::TableType;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionContext};
 use datafusion::logical_expr::LogicalPlan;
@@ -99,15 +102,64 @@ impl SqlEndpoint {
     ) -> Result<Response<FlightInfo>, Status> {
         let plan = self.plan(sql).await?;
         let schema = plan.schema().as_arrow().clone();
-        let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
-        let info = FlightInfo::new()
-            .try_with_schema(&schema)
-            .map_err(|e| Status::internal(format!("encoding the result's schema: {e}")))?
-            .with_endpoint(endpoint)
-            .with_descriptor(descriptor);
-        Ok(Response::new(info))
+        info_of(&schema, ticket, descriptor)
     }
 
+    /// The session's tables as Flight SQL's GetTables lists them (the builder applies the
+    /// client's filters).
+    async fn tables(&self, query: CommandGetTables) -> Result<RecordBatch, Status> {
+        let mut builder = query.into_builder();
+        for catalog_name in self.ctx.catalog_names() {
+            let Some(catalog) = self.ctx.catalog(&catalog_name) else {
+                continue;
+            };
+            for schema_name in catalog.schema_names() {
+                let Some(schema) = catalog.schema(&schema_name) else {
+                    continue;
+                };
+                for table_name in schema.table_names() {
+                    let Ok(Some(table)) = schema.table(&table_name).await else {
+                        continue;
+                    };
+                    let kind = match table.table_type() {
+                        TableType::Base => "TABLE",
+                        TableType::View => "VIEW",
+                        TableType::Temporary => "LOCAL TEMPORARY",
+                    };
+                    builder
+                        .append(
+                            &catalog_name,
+                            &schema_name,
+                            &table_name,
+                            kind,
+                            &table.schema(),
+                        )
+                        .map_err(|e| Status::internal(format!("listing the tables: {e}")))?;
+                }
+            }
+        }
+        builder
+            .build()
+            .map_err(|e| Status::internal(format!("listing the tables: {e}")))
+    }
+}
+
+/// A result of `schema` to be fetched with `ticket`.
+fn info_of(
+    schema: &arrow::datatypes::Schema,
+    ticket: Vec<u8>,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
+    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
+    let info = FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| Status::internal(format!("encoding the result's schema: {e}")))?
+        .with_endpoint(endpoint)
+        .with_descriptor(descriptor);
+    Ok(Response::new(info))
+}
+
+impl SqlEndpoint {
     /// Runs `sql` once a slot is free and streams its rows; the statement ends (and frees its
     /// memory) when its rows are sent, when it fails, when it passes the deadline, or when the
     /// client goes away (the stream is dropped).
@@ -204,6 +256,20 @@ impl SqlEndpoint {
             .map_err(Status::from);
         Ok(Response::new(Box::pin(encoded)))
     }
+}
+
+/// One batch, already made, as a DoGet stream.
+fn one_batch(batch: RecordBatch) -> Response<DoGetStream> {
+    let schema = batch.schema();
+    let stream = FlightDataEncoderBuilder::new()
+        .with_schema(schema)
+        .build(futures::stream::iter([Ok(batch)]))
+        .map_err(Status::from);
+    Response::new(Box::pin(stream))
+}
+
+fn metadata_error(e: impl std::fmt::Display) -> Status {
+    Status::internal(format!("building the catalogue's answer: {e}"))
 }
 
 /// A statement whose rows are being sent: holds its slot, and says how it ended when dropped.
@@ -370,6 +436,83 @@ impl FlightSqlService for SqlEndpoint {
             "this server answers SQL statements and prepared statements, not {}",
             message.type_url
         )))
+    }
+
+    // The catalogue, for tools that browse it (DBeaver and other JDBC clients list tables with
+    // these calls rather than with SQL).
+    async fn get_flight_info_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.into_builder().schema();
+        info_of(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_catalogs(
+        &self,
+        query: CommandGetCatalogs,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        for name in self.ctx.catalog_names() {
+            builder.append(name);
+        }
+        Ok(one_batch(builder.build().map_err(metadata_error)?))
+    }
+
+    async fn get_flight_info_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        info_of(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_schemas(
+        &self,
+        query: CommandGetDbSchemas,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let mut builder = query.into_builder();
+        for catalog_name in self.ctx.catalog_names() {
+            if let Some(catalog) = self.ctx.catalog(&catalog_name) {
+                for schema_name in catalog.schema_names() {
+                    builder.append(&catalog_name, schema_name);
+                }
+            }
+        }
+        Ok(one_batch(builder.build().map_err(metadata_error)?))
+    }
+
+    async fn get_flight_info_tables(
+        &self,
+        query: CommandGetTables,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder().schema();
+        info_of(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_tables(
+        &self,
+        query: CommandGetTables,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        Ok(one_batch(self.tables(query).await?))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}

@@ -206,6 +206,60 @@ async fn answers_equal_the_local_engine_for_statements_and_prepared_statements()
     server.stop().await.unwrap();
 }
 
+async fn fetch(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: arrow_flight::FlightInfo,
+) -> Vec<RecordBatch> {
+    let mut batches = Vec::new();
+    for endpoint in info.endpoint {
+        let stream = client.do_get(endpoint.ticket.unwrap()).await.unwrap();
+        batches.extend(stream.try_collect::<Vec<_>>().await.unwrap());
+    }
+    batches
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tools_can_browse_the_catalogue() {
+    use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables};
+    let folders = folders();
+    let (server, _) = start(&folders, None, limits()).await;
+    let mut c = client(server.addr(), None).await;
+    let info = c.get_catalogs().await.unwrap();
+    let catalogs = text(&fetch(&mut c, info).await);
+    assert!(catalogs.contains("datafusion"), "{catalogs}");
+    let info = c
+        .get_db_schemas(CommandGetDbSchemas {
+            catalog: Some("datafusion".into()),
+            db_schema_filter_pattern: None,
+        })
+        .await
+        .unwrap();
+    let schemas = text(&fetch(&mut c, info).await);
+    assert!(schemas.contains("public"), "{schemas}");
+    let info = c
+        .get_tables(CommandGetTables {
+            catalog: None,
+            db_schema_filter_pattern: Some("public".into()),
+            table_name_filter_pattern: Some("do%".into()),
+            table_types: vec![],
+            include_schema: true,
+        })
+        .await
+        .unwrap();
+    let tables = fetch(&mut c, info).await;
+    let listed = text(&tables);
+    assert!(
+        listed.contains("| docs ") && listed.contains("TABLE"),
+        "{listed}"
+    );
+    assert_eq!(
+        tables.iter().map(|b| b.num_rows()).sum::<usize>(),
+        1,
+        "{listed}"
+    );
+    server.stop().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_wrong_or_missing_token_is_refused() {
     let folders = folders();
