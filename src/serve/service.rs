@@ -14,12 +14,13 @@ use arrow::ipc::writer::IpcWriteOptions;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightService;
+use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::FlightSqlService;
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
     ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
-    CommandGetTables, CommandPreparedStatementQuery, CommandStatementQuery, ProstMessageExt,
-    SqlInfo, TicketStatementQuery,
+    CommandGetSqlInfo, CommandGetTables, CommandPreparedStatementQuery, CommandStatementQuery,
+    ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
@@ -53,6 +54,8 @@ pub struct Limits {
 pub struct SqlEndpoint {
     ctx: SessionContext,
     limits: Limits,
+    /// What GetSqlInfo answers (JDBC tools ask it for the server's name and version).
+    sql_info: SqlInfoData,
     slots: Arc<Semaphore>,
     statements: AtomicU64,
 }
@@ -60,9 +63,19 @@ pub struct SqlEndpoint {
 impl SqlEndpoint {
     pub fn new(ctx: SessionContext, limits: Limits) -> Self {
         let slots = Arc::new(Semaphore::new(limits.max_statements.max(1)));
+        let mut info = SqlInfoDataBuilder::new();
+        info.append(SqlInfo::FlightSqlServerName, "sparse-knn");
+        info.append(SqlInfo::FlightSqlServerVersion, env!("CARGO_PKG_VERSION"));
+        // The Arrow format version (Schema.fbs) the IPC stream is written in.
+        info.append(SqlInfo::FlightSqlServerArrowVersion, "1.3");
+        info.append(SqlInfo::FlightSqlServerReadOnly, !limits.allow_writes);
+        let sql_info = info
+            .build()
+            .expect("a fixed set of server facts always encodes");
         Self {
             ctx,
             limits,
+            sql_info,
             slots,
             statements: AtomicU64::new(0),
         }
@@ -513,6 +526,31 @@ impl FlightSqlService for SqlEndpoint {
         _request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         Ok(one_batch(self.tables(query).await?))
+    }
+
+    async fn get_flight_info_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        request: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        let schema = query.clone().into_builder(&self.sql_info).schema();
+        info_of(
+            &schema,
+            query.as_any().encode_to_vec(),
+            request.into_inner(),
+        )
+    }
+
+    async fn do_get_sql_info(
+        &self,
+        query: CommandGetSqlInfo,
+        _request: Request<Ticket>,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let batch = query
+            .into_builder(&self.sql_info)
+            .build()
+            .map_err(metadata_error)?;
+        Ok(one_batch(batch))
     }
 
     async fn register_sql_info(&self, _id: i32, _result: &SqlInfo) {}
