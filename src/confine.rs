@@ -52,19 +52,8 @@ impl ReadRoots {
         Err(format!(
             "'{}' is outside the folders this server reads ({}); its administrator can add a folder with --allow-path",
             path.display(),
-            self.describe()
+            self
         ))
-    }
-
-    fn describe(&self) -> String {
-        if self.roots.is_empty() {
-            return "none".to_string();
-        }
-        self.roots
-            .iter()
-            .map(|r| r.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
     }
 
     /// The roots a session's options carry, if it is confined.
@@ -114,6 +103,22 @@ fn push_normalised(into: &mut PathBuf, part: &Path) {
     }
 }
 
+/// The roots, comma-separated, or `none`.
+impl std::fmt::Display for ReadRoots {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.roots.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, root) in self.roots.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{}", root.display())?;
+        }
+        Ok(())
+    }
+}
+
 /// Carried in `ConfigOptions` so that the planner sees it; SQL can read it (`SHOW ALL`) but
 /// never change it: only the process that starts the session sets it.
 impl ConfigExtension for ReadRoots {
@@ -143,7 +148,7 @@ impl ExtensionOptions for ReadRoots {
     fn entries(&self) -> Vec<ConfigEntry> {
         vec![ConfigEntry {
             key: format!("{}.allow_path", Self::PREFIX),
-            value: Some(self.describe()),
+            value: Some(self.to_string()),
             description: "Folders this server's clients may read (sparse-knn serve --allow-path)",
         }]
     }

@@ -83,6 +83,14 @@ pub enum Command {
 #[derive(Debug)]
 pub struct CliError(pub String);
 
+impl CliError {
+    /// A DataFusion error about the command line itself (a bad size, a refused address): its
+    /// message without the backtrace or DataFusion's "Error during planning: " label.
+    pub fn from_planning(e: datafusion::error::DataFusionError) -> Self {
+        CliError(e.strip_backtrace().replace("Error during planning: ", ""))
+    }
+}
+
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Errors from DataFusion can span lines (nested contexts, plans); the contract is one line.

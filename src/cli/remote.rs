@@ -76,7 +76,7 @@ impl Remote {
             .client
             .execute(sql.to_string(), None)
             .await
-            .map_err(|e| CliError(format!("{}: {}", self.url, flight_message(e))))?;
+            .map_err(failed)?;
         let schema: SchemaRef = Arc::new(
             info.clone()
                 .try_decode_schema()
@@ -87,11 +87,7 @@ impl Remote {
             let Some(ticket) = endpoint.ticket else {
                 continue;
             };
-            let stream = self
-                .client
-                .do_get(ticket)
-                .await
-                .map_err(|e| CliError(format!("{}: {}", self.url, flight_message(e))))?;
+            let stream = self.client.do_get(ticket).await.map_err(failed)?;
             let mut part: Vec<_> = stream.try_collect().await.map_err(failed)?;
             batches.append(&mut part);
         }

@@ -67,7 +67,7 @@ pub async fn run(args: ServeArgs) -> CliResult<()> {
         .as_deref()
         .map(|s| parse_bytes("--memory-limit", s))
         .transpose()
-        .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?
+        .map_err(CliError::from_planning)?
         .map(|b| usize::try_from(b).unwrap_or(usize::MAX));
     if args.max_statements == 0 {
         cli_bail!("--max-statements must be at least 1");
@@ -127,7 +127,7 @@ pub async fn run(args: ServeArgs) -> CliResult<()> {
     };
     let server = Server::start(ctx, options.clone())
         .await
-        .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?;
+        .map_err(CliError::from_planning)?;
     let scheme = if options.tls.is_some() {
         "grpc+tls"
     } else {
@@ -145,12 +145,7 @@ pub async fn run(args: ServeArgs) -> CliResult<()> {
         if roots.roots().is_empty() {
             "no folder (only the tables the start files made)".to_string()
         } else {
-            roots
-                .roots()
-                .iter()
-                .map(|r| r.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
+            roots.to_string()
         },
         args.max_statements,
         statement_timeout

@@ -109,7 +109,7 @@ pub async fn run(args: SqlArgs) -> CliResult<()> {
         .as_deref()
         .map(|s| parse_bytes("--memory-limit", s))
         .transpose()
-        .map_err(|e| CliError(e.strip_backtrace().replace("Error during planning: ", "")))?;
+        .map_err(CliError::from_planning)?;
     #[cfg(feature = "serve")]
     if let Some(url) = &args.server {
         return run_remote(url, &args).await;

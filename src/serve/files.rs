@@ -40,15 +40,20 @@ impl ConfinedFileStore {
     }
 
     fn allow(&self, location: &ObjectPath) -> object_store::Result<()> {
-        let path = filesystem_path(location);
-        self.roots
-            .check(&path)
-            .map(|_| ())
-            .map_err(|why| object_store::Error::PermissionDenied {
-                path: path.display().to_string(),
-                source: why.into(),
-            })
+        permitted(&self.roots, location)
     }
+}
+
+/// Whether `location` lies under `roots`, as the store's own error when it does not.
+fn permitted(roots: &ReadRoots, location: &ObjectPath) -> object_store::Result<()> {
+    let path = filesystem_path(location);
+    roots
+        .check(&path)
+        .map(|_| ())
+        .map_err(|why| object_store::Error::PermissionDenied {
+            path: path.display().to_string(),
+            source: why.into(),
+        })
 }
 
 /// Where `LocalFileSystem` (with no prefix) puts a location: `/` and the location's parts.
@@ -113,13 +118,7 @@ impl ObjectStore for ConfinedFileStore {
         let checked = locations
             .map(move |location| {
                 let location = location?;
-                let path = filesystem_path(&location);
-                roots.check(&path).map(|_| location).map_err(|why| {
-                    object_store::Error::PermissionDenied {
-                        path: path.display().to_string(),
-                        source: why.into(),
-                    }
-                })
+                permitted(&roots, &location).map(|()| location)
             })
             .boxed();
         self.inner.delete_stream(checked)
@@ -138,14 +137,7 @@ impl ObjectStore for ConfinedFileStore {
             .list(prefix)
             .map(move |meta| {
                 let meta = meta?;
-                let path = filesystem_path(&meta.location);
-                match roots.check(&path) {
-                    Ok(_) => Ok(meta),
-                    Err(why) => Err(object_store::Error::PermissionDenied {
-                        path: path.display().to_string(),
-                        source: why.into(),
-                    }),
-                }
+                permitted(&roots, &meta.location).map(|()| meta)
             })
             .boxed()
     }

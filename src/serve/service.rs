@@ -110,7 +110,7 @@ impl SqlEndpoint {
     async fn flight_info(
         &self,
         sql: &str,
-        ticket: Vec<u8>,
+        ticket: &impl ProstMessageExt,
         descriptor: FlightDescriptor,
     ) -> Result<Response<FlightInfo>, Status> {
         let plan = self.plan(sql).await?;
@@ -147,32 +147,13 @@ impl SqlEndpoint {
                             kind,
                             &table.schema(),
                         )
-                        .map_err(|e| Status::internal(format!("listing the tables: {e}")))?;
+                        .map_err(metadata_error)?;
                 }
             }
         }
-        builder
-            .build()
-            .map_err(|e| Status::internal(format!("listing the tables: {e}")))
+        builder.build().map_err(metadata_error)
     }
-}
 
-/// A result of `schema` to be fetched with `ticket`.
-fn info_of(
-    schema: &arrow::datatypes::Schema,
-    ticket: Vec<u8>,
-    descriptor: FlightDescriptor,
-) -> Result<Response<FlightInfo>, Status> {
-    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket));
-    let info = FlightInfo::new()
-        .try_with_schema(schema)
-        .map_err(|e| Status::internal(format!("encoding the result's schema: {e}")))?
-        .with_endpoint(endpoint)
-        .with_descriptor(descriptor);
-    Ok(Response::new(info))
-}
-
-impl SqlEndpoint {
     /// Runs `sql` once a slot is free and streams its rows; the statement ends (and frees its
     /// memory) when its rows are sent, when it fails, when it passes the deadline, or when the
     /// client goes away (the stream is dropped).
@@ -213,10 +194,8 @@ impl SqlEndpoint {
             ended: None,
             _slot: permit,
         };
-        let deadline = self
-            .limits
-            .statement_timeout
-            .map(|t| (t, tokio::time::Instant::from_std(started) + t));
+        let timeout = self.limits.statement_timeout;
+        let deadline = timeout.map(|t| tokio::time::Instant::from_std(started) + t);
         let rows = futures::stream::unfold(
             (batches, running),
             move |(mut batches, mut running)| async move {
@@ -224,43 +203,37 @@ impl SqlEndpoint {
                     return None;
                 }
                 let next = match deadline {
-                    Some((timeout, at)) => {
-                        match tokio::time::timeout_at(at, batches.next()).await {
-                            Ok(next) => next,
-                            Err(_) => {
-                                running.ended = Some("cancelled at the statement timeout");
-                                let status = Status::deadline_exceeded(format!(
-                                "the statement ran past the server's statement timeout ({timeout:?}) and was cancelled"
-                            ));
-                                return Some((
-                                    Err(FlightError::Tonic(Box::new(status))),
-                                    (batches, running),
-                                ));
-                            }
-                        }
-                    }
-                    None => batches.next().await,
+                    Some(at) => tokio::time::timeout_at(at, batches.next()).await,
+                    None => Ok(batches.next().await),
                 };
-                match next {
-                    Some(Ok(batch)) => {
+                let failure = match next {
+                    Ok(Some(Ok(batch))) => {
                         running.rows += batch.num_rows() as u64;
-                        Some((Ok(batch), (batches, running)))
+                        return Some((Ok(batch), (batches, running)));
                     }
-                    Some(Err(e)) => {
+                    Err(_elapsed) => {
+                        running.ended = Some("cancelled at the statement timeout");
+                        Status::deadline_exceeded(format!(
+                            "the statement ran past the server's statement timeout ({:?}) and was cancelled",
+                            timeout.unwrap_or_default()
+                        ))
+                    }
+                    Ok(Some(Err(e))) => {
                         running.ended = Some("failed");
                         let status = status_of(e);
                         log::info!("serve: statement {}: {}", running.id, status.message());
-                        Some((
-                            Err(FlightError::Tonic(Box::new(status))),
-                            (batches, running),
-                        ))
+                        status
                     }
-                    None => {
+                    Ok(None) => {
                         running.ended = Some("done");
                         drop((batches, running));
-                        None
+                        return None;
                     }
-                }
+                };
+                Some((
+                    Err(FlightError::Tonic(Box::new(failure))),
+                    (batches, running),
+                ))
             },
         );
         let encoded = FlightDataEncoderBuilder::new()
@@ -269,6 +242,21 @@ impl SqlEndpoint {
             .map_err(Status::from);
         Ok(Response::new(Box::pin(encoded)))
     }
+}
+
+/// A result of `schema`, fetched with a ticket that carries `ticket` (the command to answer).
+fn info_of(
+    schema: &arrow::datatypes::Schema,
+    ticket: &impl ProstMessageExt,
+    descriptor: FlightDescriptor,
+) -> Result<Response<FlightInfo>, Status> {
+    let endpoint = FlightEndpoint::new().with_ticket(Ticket::new(ticket.as_any().encode_to_vec()));
+    let info = FlightInfo::new()
+        .try_with_schema(schema)
+        .map_err(|e| Status::internal(format!("encoding the result's schema: {e}")))?
+        .with_endpoint(endpoint)
+        .with_descriptor(descriptor);
+    Ok(Response::new(info))
 }
 
 /// One batch, already made, as a DoGet stream.
@@ -375,12 +363,8 @@ impl FlightSqlService for SqlEndpoint {
         let ticket = TicketStatementQuery {
             statement_handle: query.query.clone().into_bytes().into(),
         };
-        self.flight_info(
-            &query.query,
-            ticket.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
-        .await
+        self.flight_info(&query.query, &ticket, request.into_inner())
+            .await
     }
 
     async fn get_flight_info_prepared_statement(
@@ -389,8 +373,7 @@ impl FlightSqlService for SqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let sql = statement_text(&query.prepared_statement_handle)?;
-        self.flight_info(&sql, query.as_any().encode_to_vec(), request.into_inner())
-            .await
+        self.flight_info(&sql, &query, request.into_inner()).await
     }
 
     async fn do_get_statement(
@@ -459,11 +442,7 @@ impl FlightSqlService for SqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.into_builder().schema();
-        info_of(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        info_of(&schema, &query, request.into_inner())
     }
 
     async fn do_get_catalogs(
@@ -484,11 +463,7 @@ impl FlightSqlService for SqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        info_of(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        info_of(&schema, &query, request.into_inner())
     }
 
     async fn do_get_schemas(
@@ -513,11 +488,7 @@ impl FlightSqlService for SqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder().schema();
-        info_of(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        info_of(&schema, &query, request.into_inner())
     }
 
     async fn do_get_tables(
@@ -534,11 +505,7 @@ impl FlightSqlService for SqlEndpoint {
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
         let schema = query.clone().into_builder(&self.sql_info).schema();
-        info_of(
-            &schema,
-            query.as_any().encode_to_vec(),
-            request.into_inner(),
-        )
+        info_of(&schema, &query, request.into_inner())
     }
 
     async fn do_get_sql_info(

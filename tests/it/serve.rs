@@ -115,6 +115,14 @@ async fn query(
     sql: &str,
 ) -> Result<Vec<RecordBatch>, FlightError> {
     let info = client.execute(sql.to_string(), None).await?;
+    fetch(client, info).await
+}
+
+/// Every endpoint's rows of a result.
+async fn fetch(
+    client: &mut FlightSqlServiceClient<Channel>,
+    info: arrow_flight::FlightInfo,
+) -> Result<Vec<RecordBatch>, FlightError> {
     let mut batches = Vec::new();
     for endpoint in info.endpoint {
         let stream = client.do_get(endpoint.ticket.unwrap()).await?;
@@ -185,11 +193,7 @@ async fn answers_equal_the_local_engine_for_statements_and_prepared_statements()
     let sql = lookup(doc(3));
     let mut prepared = c.prepare(sql.clone(), None).await.unwrap();
     let info = prepared.execute().await.unwrap();
-    let mut served = Vec::new();
-    for endpoint in info.endpoint {
-        let stream = c.do_get(endpoint.ticket.unwrap()).await.unwrap();
-        served.extend(stream.try_collect::<Vec<_>>().await.unwrap());
-    }
+    let served = fetch(&mut c, info).await.unwrap();
     prepared.close().await.unwrap();
     assert_eq!(text(&served), text(&local_query(&reference, &sql).await));
     // A bad statement is the client's error, with DataFusion's message; the server goes on.
@@ -206,18 +210,6 @@ async fn answers_equal_the_local_engine_for_statements_and_prepared_statements()
     server.stop().await.unwrap();
 }
 
-async fn fetch(
-    client: &mut FlightSqlServiceClient<Channel>,
-    info: arrow_flight::FlightInfo,
-) -> Vec<RecordBatch> {
-    let mut batches = Vec::new();
-    for endpoint in info.endpoint {
-        let stream = client.do_get(endpoint.ticket.unwrap()).await.unwrap();
-        batches.extend(stream.try_collect::<Vec<_>>().await.unwrap());
-    }
-    batches
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tools_can_browse_the_catalogue() {
     use arrow_flight::sql::{CommandGetDbSchemas, CommandGetTables};
@@ -225,7 +217,7 @@ async fn tools_can_browse_the_catalogue() {
     let (server, _) = start(&folders, None, limits()).await;
     let mut c = client(server.addr(), None).await;
     let info = c.get_catalogs().await.unwrap();
-    let catalogs = text(&fetch(&mut c, info).await);
+    let catalogs = text(&fetch(&mut c, info).await.unwrap());
     assert!(catalogs.contains("datafusion"), "{catalogs}");
     let info = c
         .get_db_schemas(CommandGetDbSchemas {
@@ -234,7 +226,7 @@ async fn tools_can_browse_the_catalogue() {
         })
         .await
         .unwrap();
-    let schemas = text(&fetch(&mut c, info).await);
+    let schemas = text(&fetch(&mut c, info).await.unwrap());
     assert!(schemas.contains("public"), "{schemas}");
     let info = c
         .get_tables(CommandGetTables {
@@ -246,7 +238,7 @@ async fn tools_can_browse_the_catalogue() {
         })
         .await
         .unwrap();
-    let tables = fetch(&mut c, info).await;
+    let tables = fetch(&mut c, info).await.unwrap();
     let listed = text(&tables);
     assert!(
         listed.contains("| docs ") && listed.contains("TABLE"),
