@@ -466,7 +466,7 @@ async fn a_statement_past_the_timeout_is_cancelled() {
         None,
         Limits {
             max_statements: 1,
-            statement_timeout: Some(Duration::from_millis(400)),
+            statement_timeout: Some(Duration::from_secs(2)),
             ..limits()
         },
     )
@@ -477,11 +477,16 @@ async fn a_statement_past_the_timeout_is_cancelled() {
     assert_eq!(code, tonic::Code::DeadlineExceeded, "{message}");
     assert!(message.contains("statement timeout"), "{message}");
     assert!(started.elapsed() < Duration::from_secs(30));
-    // Its slot is free again.
-    let rows = bounded("the next statement", query(&mut c, &lookup(doc(7))))
-        .await
-        .unwrap();
-    assert_eq!(rows.iter().map(|b| b.num_rows()).sum::<usize>(), 5);
+    // Its slot is free again. The next statement is one that ends well inside the timeout on a
+    // busy machine: a first lookup builds an index, which a loaded CI runner took >400 ms for.
+    let rows = bounded(
+        "the next statement",
+        query(&mut c, "SELECT count(*) AS n FROM docs"),
+    )
+    .await
+    .unwrap();
+    let counted = text(&rows);
+    assert!(counted.contains("4275"), "{counted}");
     server.stop().await.unwrap();
 }
 
