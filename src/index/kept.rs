@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use datafusion::common::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
@@ -22,6 +22,11 @@ pub(crate) struct KeptSide {
     pub(crate) key_groups: Option<KeyGroups>,
     /// The right input's other columns, all rows in order.
     pub(crate) others: RecordBatch,
+    /// The right input's vector column as read (its own Arrow type, untouched), so that a left
+    /// side that filters the same source takes its rows from here rather than scanning the source
+    /// again (see `planner::exec::kept_left`). None where the side keeps no other column (no
+    /// predicate could pick its rows) or the pool had no room for them.
+    pub(crate) vectors: Option<KeptVectors>,
     /// Host bytes held (reserved in the pool): what a cached side counts against the cache's
     /// host bound.
     pub(crate) host_bytes: usize,
@@ -43,5 +48,77 @@ impl KeptSide {
         let groups = Arc::new(GroupMembers::build(self.others.column(column))?);
         held.insert(column, Arc::clone(&groups));
         Ok(groups)
+    }
+}
+
+/// A kept side's vector column: the arrays of the batches it was read in (one array could not
+/// hold more than 2^31 entries), and the first row of each.
+pub(crate) struct KeptVectors {
+    arrays: Vec<ArrayRef>,
+    starts: Vec<usize>,
+}
+
+impl KeptVectors {
+    pub(crate) fn new(arrays: Vec<ArrayRef>) -> Self {
+        let mut starts = Vec::with_capacity(arrays.len());
+        let mut row = 0;
+        for array in &arrays {
+            starts.push(row);
+            row += array.len();
+        }
+        Self { arrays, starts }
+    }
+
+    pub(crate) fn memory_size(&self) -> usize {
+        self.arrays.iter().map(|a| a.get_array_memory_size()).sum()
+    }
+
+    /// The vectors of `rows` (increasing), as arrays of at most one read batch's rows each:
+    /// `(first of rows in this piece, piece)`.
+    pub(crate) fn take(&self, rows: &[u32]) -> Result<Vec<(usize, ArrayRef)>> {
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < rows.len() {
+            let row = rows[at] as usize;
+            let batch = self.starts.partition_point(|&s| s <= row) - 1;
+            let (start, len) = (self.starts[batch], self.arrays[batch].len());
+            let end = at + rows[at..].partition_point(|&r| (r as usize) < start + len);
+            let local =
+                UInt32Array::from_iter_values(rows[at..end].iter().map(|&r| r - start as u32));
+            pieces.push((
+                at,
+                arrow::compute::take(self.arrays[batch].as_ref(), &local, None)?,
+            ));
+            at = end;
+        }
+        Ok(pieces)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{Array, Int32Array};
+    use std::sync::Arc;
+
+    #[test]
+    fn take_spans_the_read_batches_in_row_order() {
+        let arrays: Vec<ArrayRef> = vec![
+            Arc::new(Int32Array::from(vec![10, 11, 12])),
+            Arc::new(Int32Array::from(Vec::<i32>::new())),
+            Arc::new(Int32Array::from(vec![13, 14])),
+            Arc::new(Int32Array::from(vec![15])),
+        ];
+        let kept = KeptVectors::new(arrays);
+        let pieces = kept.take(&[0, 2, 3, 5]).unwrap();
+        let got: Vec<(usize, Vec<i32>)> = pieces
+            .iter()
+            .map(|(first, a)| {
+                let a = a.as_any().downcast_ref::<Int32Array>().unwrap();
+                (*first, a.values().to_vec())
+            })
+            .collect();
+        assert_eq!(got, vec![(0, vec![10, 12]), (2, vec![13]), (3, vec![15])]);
+        assert!(kept.take(&[]).unwrap().is_empty());
     }
 }

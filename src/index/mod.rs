@@ -32,7 +32,7 @@ pub use cache::IndexCache;
 pub(crate) use cache::{task_cache, Lookup};
 pub use file::FORMAT_VERSION;
 pub(crate) use identity::identify;
-pub(crate) use kept::KeptSide;
+pub(crate) use kept::{KeptSide, KeptVectors};
 pub(crate) use table::stored_source;
 pub use table::{IndexScanExec, IndexTable};
 

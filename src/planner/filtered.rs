@@ -7,6 +7,10 @@
 //! table scan (a table, a file, a folder, an index file) whose predicates do not read the vector
 //! column; anything else (a join, an aggregate, a LIMIT, a computed column, a predicate on the
 //! vectors, `exclude_self=true`, `right_shards`) is planned as before: the filtered rows built.
+//!
+//! The left side of a lookup by key filters the same source (`knn_join((SELECT * FROM docs WHERE
+//! id = 42), docs, ...)`): where its predicate reads only columns the kept side holds, its rows
+//! are taken from the kept side ([`left_from_kept`]), not from a new scan of the source.
 
 use std::sync::Arc;
 
@@ -23,6 +27,7 @@ use datafusion::physical_expr::PhysicalExpr;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_planner::PhysicalPlanner;
 
+use super::exec::LeftFromKept;
 use super::logical::SparseJoinNode;
 
 /// The mask plan's one column.
@@ -158,6 +163,79 @@ fn over_kept_columns(
     session
         .create_physical_expr(predicate.clone(), &schema)
         .ok()
+}
+
+/// The left input's predicates where it filters (below column-only projections and aliases)
+/// the table that the right input scans, unfiltered or filtered (both are then read as the
+/// table's one kept side).
+pub(super) fn left_filters_right_source(
+    left: &LogicalPlan,
+    right: &LogicalPlan,
+) -> Option<Vec<Expr>> {
+    let (left_scan, mut predicates) = filters_over_scan(left)?;
+    let (right_scan, _) = filters_over_scan(right)?;
+    predicates.extend(left_scan.filters.iter().cloned());
+    let same_table = left_scan.table_name == right_scan.table_name
+        && left_scan.source.schema() == right_scan.source.schema();
+    let whole = left_scan.fetch.is_none() && right_scan.fetch.is_none();
+    (same_table && whole && !predicates.is_empty()).then_some(predicates)
+}
+
+/// How the left input's rows come from the kept side of `right` (the join's physical right
+/// input, over the whole source), where the left filters the right's source and reads nothing
+/// the kept side lacks; None: the left input is read.
+pub(super) fn left_from_kept(
+    node: &SparseJoinNode,
+    session: &dyn Session,
+    left: &Arc<dyn ExecutionPlan>,
+    right: &Arc<dyn ExecutionPlan>,
+    right_filtered: bool,
+) -> Option<LeftFromKept> {
+    let options = &node.spec.options;
+    if options.exclude_self.by_identity() || options.right_shards > 1 {
+        return None;
+    }
+    // A right side filtered some other way is built from its filtered rows, which need not hold
+    // the left's.
+    let (right_scan, right_predicates) = filters_over_scan(&node.right)?;
+    if !right_filtered && (!right_predicates.is_empty() || !right_scan.filters.is_empty()) {
+        return None;
+    }
+    let predicates = left_filters_right_source(&node.left, &node.right)?;
+    let predicate = conjunction(
+        predicates
+            .into_iter()
+            .map(unqualified)
+            .collect::<Result<Vec<_>>>()
+            .ok()?,
+    )?;
+    let right_schema = right.schema();
+    let predicate = over_kept_columns(&predicate, &right_schema, &node.right_vector, session)?;
+    let others: Vec<_> = right_schema
+        .fields()
+        .iter()
+        .filter(|f| f.name() != &node.right_vector)
+        .collect();
+    let mut columns = Vec::new();
+    for field in left.schema().fields() {
+        if field.name() == &node.left_vector {
+            let vectors = right_schema.field_with_name(&node.right_vector).ok()?;
+            if node.left_vector != node.right_vector || vectors.data_type() != field.data_type() {
+                return None;
+            }
+            columns.push(None);
+        } else {
+            let at = others
+                .iter()
+                .position(|f| f.name() == field.name() && f.data_type() == field.data_type())?;
+            columns.push(Some(at));
+        }
+    }
+    log::debug!(
+        "{}: the left side's rows are taken from the kept right side",
+        node.spec.function_name()
+    );
+    Some(LeftFromKept { predicate, columns })
 }
 
 fn unqualified(expr: Expr) -> Result<Expr> {

@@ -297,9 +297,28 @@ impl UserDefinedLogicalNodeCore for SparseJoinNode {
             needed.dedup();
             needed
         };
-        Some(vec![
-            with_keys(left, &self.left),
-            with_keys(right, &self.right),
-        ])
+        let mut right = with_keys(right, &self.right);
+        let left = with_keys(left, &self.left);
+        // A left side that filters the right side's source (a lookup by key) takes its rows from
+        // the kept side where that holds every column it reads: the right side keeps them too.
+        if let Some(predicates) =
+            super::filtered::left_filters_right_source(&self.left, &self.right)
+        {
+            let (left_schema, right_schema) = (
+                self.left.schema().as_arrow(),
+                self.right.schema().as_arrow(),
+            );
+            let read = predicates
+                .iter()
+                .flat_map(|p| p.column_refs())
+                .map(|c| c.name.clone())
+                .chain(left.iter().map(|&i| left_schema.field(i).name().clone()));
+            for name in read {
+                right.extend(right_schema.fields().iter().position(|f| f.name() == &name));
+            }
+            right.sort_unstable();
+            right.dedup();
+        }
+        Some(vec![left, right])
     }
 }

@@ -36,8 +36,8 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
-pub use exec::{poll_inputs_in_place, SparseJoinExec};
-use filtered::filtered_right;
+pub use exec::{poll_inputs_in_place, LeftFromKept, SparseJoinExec};
+use filtered::{filtered_right, left_from_kept};
 pub use gather::{gather, gathered, in_file_order, GatherExec};
 pub use logical::SparseJoinNode;
 pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};
@@ -122,18 +122,35 @@ impl ExtensionPlanner for SparseJoinPlanner {
             return Ok(None);
         };
         let device = resolve_device(node.spec.function_name(), node.spec.options.device)?;
-        let right = &physical_inputs[1];
+        let (left, right) = (&physical_inputs[0], &physical_inputs[1]);
         if let Some(filtered) = filtered_right(node, planner, session, right).await? {
+            let left_from_kept = left_from_kept(node, session, left, &filtered.right, true);
             let join = SparseJoinExec::try_new_masked(
                 Arc::clone(&node.spec),
                 device,
-                Arc::clone(&physical_inputs[0]),
+                Arc::clone(left),
                 filtered.right,
                 Some(filtered.mask),
                 &node.left_vector,
                 &node.right_vector,
             )?;
-            return Ok(Some(Arc::new(join.with_mask_over_kept(filtered.over_kept))));
+            return Ok(Some(Arc::new(
+                join.with_mask_over_kept(filtered.over_kept)
+                    .with_left_from_kept(left_from_kept.map(Arc::new)),
+            )));
+        }
+        if let Some(from_kept) = left_from_kept(node, session, left, right, false) {
+            let join = SparseJoinExec::try_new(
+                Arc::clone(&node.spec),
+                device,
+                Arc::clone(left),
+                Arc::clone(right),
+                &node.left_vector,
+                &node.right_vector,
+            )?;
+            return Ok(Some(Arc::new(
+                join.with_left_from_kept(Some(Arc::new(from_kept))),
+            )));
         }
         let plan = if node.spec.options.right_shards > 1 {
             plan_sharded

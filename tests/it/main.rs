@@ -18,6 +18,7 @@ mod growing;
 mod index_cache;
 mod index_file;
 mod joins;
+mod lookup;
 mod nvrtc_compile;
 mod properties;
 mod real_counts;

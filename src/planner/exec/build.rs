@@ -25,7 +25,7 @@ use super::{inputs_on_own_tasks, key_column};
 use crate::cpu::CpuBackend;
 use crate::device::Device;
 use crate::gpu::{GpuBackend, GpuOptions};
-use crate::index::{identify, task_cache, KeptSide, Lookup};
+use crate::index::{identify, task_cache, KeptSide, KeptVectors, Lookup};
 use crate::join::RowMask;
 use crate::join::{max_chunk_nnz, Backend, JoinIndex, KeyGroups};
 use crate::options::ExcludeSelf;
@@ -33,12 +33,14 @@ use crate::planner::spec::{JoinSpec, Layout};
 use crate::vector::SparseBatch;
 
 /// What the blocking build task hands back: the index, the key groups, the right input itself
-/// (when kept), the right side's other columns, the index's memory, the bytes it copied to a device, and the right side's row count.
+/// (when kept), the right side's other columns and vectors, the index's memory, the bytes it
+/// copied to a device, and the right side's row count.
 type BuiltSide = (
     Arc<dyn JoinIndex>,
     Option<KeyGroups>,
     Option<Vec<RecordBatch>>,
     RecordBatch,
+    Option<KeptVectors>,
     usize,
     u64,
     usize,
@@ -406,6 +408,17 @@ impl BuildJob {
                 .collect::<std::result::Result<Vec<_>, _>>()?;
             let others = concat_batches(&others_schema, &projected)?;
             let input = keep_input.then(|| batches.clone());
+            // The vectors as read, for a left side that picks rows of the same source by its
+            // other columns (a lookup by key); not where the side has no other column or keeps
+            // its input whole anyway.
+            let vectors = (!keep_input && !layout.right_others.is_empty()).then(|| {
+                KeptVectors::new(
+                    batches
+                        .iter()
+                        .map(|b| Arc::clone(b.column(layout.right_vector)))
+                        .collect(),
+                )
+            });
             let key_groups = match right_key {
                 Some(i) => {
                     let keys: Vec<&dyn arrow::array::Array> =
@@ -444,13 +457,30 @@ impl BuildJob {
                     bs.iter().map(RecordBatch::get_array_memory_size).sum()
                 });
             let bytes = index.build_bytes_to_device();
-            Ok((index, key_groups, input, others, size, bytes, rows))
+            Ok((index, key_groups, input, others, vectors, size, bytes, rows))
         })
         .await
         .map_err(|e| DataFusionError::External(Box::new(e)))??;
-        let (index, key_groups, input, others, index_size, bytes, rows) = built;
-        // The raw batches are gone; what stays is the index and the other right columns.
-        let retained = index_size + others.get_array_memory_size();
+        let (index, key_groups, input, others, mut vectors, index_size, bytes, rows) = built;
+        // The raw batches are gone; what stays is the index, the other right columns and the
+        // vectors as read, these last only where the pool has room for them (they serve lookups
+        // by key; the index does not need them).
+        let mut retained = index_size + others.get_array_memory_size();
+        if let Some(kept) = &vectors {
+            if reservation
+                .try_resize(retained + kept.memory_size())
+                .is_ok()
+            {
+                retained += kept.memory_size();
+            } else {
+                log::info!(
+                    "{name}: the session's memory pool has no room for the right side's vectors \
+                     ({} bytes): a left side filtering the same source will read it again",
+                    kept.memory_size()
+                );
+                vectors = None;
+            }
+        }
         reservation.try_resize(retained).map_err(|e| {
             let reason = match e {
                 DataFusionError::ResourcesExhausted(m) => m,
@@ -476,6 +506,7 @@ impl BuildJob {
             input,
             key_groups,
             others,
+            vectors,
             host_bytes: retained,
             device_bytes: bytes as usize,
             _reservation: reservation,

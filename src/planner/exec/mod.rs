@@ -45,6 +45,7 @@ use crate::join::{Cancel, CancelOnDrop};
 use crate::options::{DeviceChoice, ExcludeSelf};
 
 mod build;
+mod kept_left;
 mod output;
 mod probe;
 mod stream;
@@ -52,6 +53,7 @@ mod stream;
 use crate::index::KeptSide;
 use crate::join::{GroupMembers, RowMask};
 use build::{BuildJob, BuildMetrics};
+pub use kept_left::LeftFromKept;
 use probe::ProbeJob;
 
 /// Pairs one probe may produce at most: a left batch is probed in slices of rows whose pairs
@@ -121,6 +123,9 @@ pub struct SparseJoinExec {
     /// kept side holds them, so the mask needs no scan (`right_mask` is what a cluster executor
     /// runs: this expression does not travel).
     mask_over_kept: Option<Arc<dyn PhysicalExpr>>,
+    /// A left input that filters the right side's own source (`planner/kept_left.rs`): its
+    /// rows are taken from the kept side where it holds its vectors, else the left input is read.
+    left_from_kept: Option<Arc<LeftFromKept>>,
     layout: Layout,
     schema: SchemaRef,
     /// The right side, built by whichever output partition asks first and shared by all.
@@ -198,6 +203,7 @@ impl SparseJoinExec {
             right,
             right_mask,
             mask_over_kept: None,
+            left_from_kept: None,
             layout,
             schema,
             build: Mutex::new(None),
@@ -226,6 +232,14 @@ impl SparseJoinExec {
     pub fn with_mask_over_kept(mut self, predicate: Option<Arc<dyn PhysicalExpr>>) -> Self {
         if self.right_mask.is_some() {
             self.mask_over_kept = predicate;
+        }
+        self
+    }
+
+    /// With a left input whose rows the kept side can give (see `planner/kept_left.rs`).
+    pub fn with_left_from_kept(mut self, left: Option<Arc<LeftFromKept>>) -> Self {
+        if !self.spec.options.exclude_self.by_identity() {
+            self.left_from_kept = left;
         }
         self
     }
@@ -261,7 +275,8 @@ impl SparseJoinExec {
             &Self::vector_name(&self.left, self.layout.left_vector),
             &Self::vector_name(&self.right, self.layout.right_vector),
         )?
-        .with_mask_over_kept(self.mask_over_kept.clone()))
+        .with_mask_over_kept(self.mask_over_kept.clone())
+        .with_left_from_kept(self.left_from_kept.clone()))
     }
 
     /// exclude_self=true with both children alike (the logical node gives both the same
@@ -342,12 +357,16 @@ fn physical_layout(
 
 impl SparseJoinExec {
     /// `, right_filter=mask` for a filtered right side over a kept index (its third input).
-    fn mask_label(&self) -> &'static str {
+    /// and `, left_filter=kept` for a left side taken from the kept side.
+    fn mask_label(&self) -> String {
+        let mut label = String::new();
         if self.right_mask.is_some() {
-            ", right_filter=mask"
-        } else {
-            ""
+            label.push_str(", right_filter=mask");
         }
+        if self.left_from_kept.is_some() {
+            label.push_str(", left_filter=kept");
+        }
+        label
     }
 
     /// `, gpus=0,1` when a GPU join was asked for some GPUs (the default is all of them).
@@ -516,7 +535,8 @@ impl ExecutionPlan for SparseJoinExec {
         // concurrently), and positions are what identify a row.
         let reuse_right = self.reads_input_once();
         let left_stream: futures::stream::BoxStream<'static, Result<RecordBatch>> =
-            if reuse_right || !inputs_on_own_tasks() {
+            // A left side the kept side may give is read only where it does not (lazily).
+            if reuse_right || !inputs_on_own_tasks() || self.left_from_kept.is_some() {
                 left_stream.boxed()
             } else {
                 // The first left batches are read while the right side is built, so that the
@@ -586,6 +606,10 @@ impl ExecutionPlan for SparseJoinExec {
                 exclude_self,
                 batch_size: context.session_config().batch_size().max(1),
                 left_schema: self.left.schema(),
+                left_from_kept: self.left_from_kept.clone(),
+                left_rows_from_index: MetricBuilder::new(&self.metrics)
+                    .counter("left_rows_from_index", partition),
+                partition,
                 on_drop,
             }),
         )))

@@ -15,9 +15,12 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
 
 use super::probe::ProbeJob;
+use super::LeftFromKept;
 use super::{SharedBuild, PAIRS_PER_PROBE, PROBES_IN_FLIGHT, PROBE_ROWS};
 use crate::join::CancelOnDrop;
 use crate::planner::spec::JoinKind;
+use datafusion::common::runtime::SpawnedTask;
+use datafusion::physical_plan::metrics::Count;
 
 /// What one output partition's stream is made of.
 pub(super) struct StreamParts {
@@ -30,6 +33,11 @@ pub(super) struct StreamParts {
     pub exclude_self: bool,
     pub batch_size: usize,
     pub left_schema: SchemaRef,
+    /// A left side the kept side gives (its rows all go to partition 0; the others have none),
+    /// and the rows it gave.
+    pub left_from_kept: Option<Arc<LeftFromKept>>,
+    pub left_rows_from_index: Count,
+    pub partition: usize,
     /// Stops the probes when the stream is dropped.
     pub on_drop: CancelOnDrop,
 }
@@ -43,11 +51,15 @@ pub(super) fn probe_stream(parts: StreamParts) -> impl Stream<Item = Result<Reco
         exclude_self,
         batch_size,
         left_schema,
+        left_from_kept,
+        left_rows_from_index,
+        partition,
         on_drop,
     } = parts;
     let baseline = probe.baseline.clone();
     let mut next_row: u64 = 0;
     let spec = Arc::clone(&probe.spec);
+    let name = probe.spec.function_name();
     futures::stream::once(async move {
         let build = build.await.map_err(DataFusionError::Shared)?;
         let per_row = match spec.kind {
@@ -74,7 +86,31 @@ pub(super) fn probe_stream(parts: StreamParts) -> impl Stream<Item = Result<Reco
                         .collect();
                     futures::stream::iter(slices).boxed()
                 }
-                _ => left_stream,
+                _ => match &left_from_kept {
+                    // Every output partition sees the same kept side: all take the kept rows
+                    // (partition 0 probes them) or all read their part of the left input.
+                    Some(left) if build.side.vectors.is_some() => {
+                        let batches = if partition == 0 {
+                            let (side, left, schema) = (
+                                Arc::clone(&build.side),
+                                Arc::clone(left),
+                                Arc::clone(&left_schema),
+                            );
+                            SpawnedTask::spawn_blocking(move || {
+                                super::kept_left::left_rows(&side, &left, &schema, name)
+                            })
+                            .await
+                            .map_err(|e| DataFusionError::External(Box::new(e)))??
+                            .unwrap_or_default()
+                        } else {
+                            Vec::new()
+                        };
+                        left_rows_from_index
+                            .add(batches.iter().map(RecordBatch::num_rows).sum::<usize>());
+                        futures::stream::iter(batches.into_iter().map(Ok)).boxed()
+                    }
+                    _ => left_stream,
+                },
             };
         // Left batches are gathered up to PROBE_ROWS rows (within the pairs a probe may
         // make): GPU launches over one session batch (8,192 rows) end on their few longest
