@@ -15,7 +15,9 @@ use arrow::datatypes::{ArrowNativeType, DataType, Field, Schema, SchemaRef};
 use datafusion::common::{exec_err, Result};
 use datafusion::prelude::SessionContext;
 use datafusion_sparse_knn::index::SparseIndex;
-use datafusion_sparse_knn::join::{max_chunk_nnz, PairList, ProbeOptions, Selection};
+use datafusion_sparse_knn::join::{
+    max_chunk_nnz, GroupMembers, GroupedProbe, PairList, ProbeOptions, Selection,
+};
 use datafusion_sparse_knn::options::{ExcludeSelf, JoinOptions};
 use datafusion_sparse_knn::planner::{find_vector_column, Device, Side};
 use datafusion_sparse_knn::vector::{sparse_vector_type, VectorCheck};
@@ -58,6 +60,8 @@ struct Fitted {
     n_rows: usize,
     /// `left_column`: the query rows' vector column in Arrow or Parquet input.
     query_column: Option<String>,
+    /// `within=` labels given to `fit`: the fitted rows' groups.
+    groups: Option<GroupMembers>,
 }
 
 /// Which rows a call asks about: given ones, or the fitted rows themselves (each row's own pair
@@ -192,9 +196,12 @@ impl Fitted {
     /// Every probe of `query` with `selection`, `visit(first row of the run, its rows, its
     /// pairs)` in row
     /// order; runs of at most `most` rows.
+    /// `groups`: the query rows' groups (`within=`), each row's pairs with the fitted rows of
+    /// its own group only.
     fn probe_runs(
         &self,
         query: &Query,
+        groups: Option<&[u32]>,
         selection: Selection,
         most: usize,
         mut visit: impl FnMut(usize, usize, PairList) -> Result<()>,
@@ -203,11 +210,21 @@ impl Fitted {
             let options = ProbeOptions {
                 exclude_self_from: matches!(query, Query::Fitted).then_some(first as i64),
             };
-            visit(
-                first,
-                run.len(),
-                self.built.probe(&run, selection, options)?,
-            )?;
+            let pairs = match (groups, &self.groups) {
+                (Some(left), Some(members)) => self.built.index.probe_grouped_metric(
+                    &self.metric,
+                    &run,
+                    GroupedProbe {
+                        left: &left[first..first + run.len()],
+                        members,
+                        filter: None,
+                    },
+                    selection,
+                    options,
+                )?,
+                _ => self.built.probe(&run, selection, options)?,
+            };
+            visit(first, run.len(), pairs)?;
         }
         Ok(())
     }
@@ -226,6 +243,39 @@ impl Fitted {
             Query::Given(_) => Ok(false),
         }
     }
+}
+
+/// `within=` labels: the one column of `labels` (a `Source`), a value for each of `rows` rows.
+fn labels_of(py: Python<'_>, labels: &Bound<'_, PyAny>, rows: usize) -> PyResult<ArrayRef> {
+    let Ok(source) = labels.cast::<Source>() else {
+        return Err(PyValueError::new_err(format!(
+            "within: expected labels as a Source, got {}",
+            labels.get_type().name()?
+        )));
+    };
+    let input = source.get().input.clone();
+    let (schema, batches) = py
+        .detach(|| runtime().block_on(read_all(&input)))
+        .map_err(value_error)?;
+    if schema.fields().len() != 1 {
+        return Err(PyValueError::new_err(format!(
+            "within: labels are one column, got {}",
+            schema.fields().len()
+        )));
+    }
+    let columns: Vec<&dyn Array> = batches.iter().map(|b| b.column(0).as_ref()).collect();
+    let labels = if columns.is_empty() {
+        arrow::array::new_empty_array(schema.field(0).data_type())
+    } else {
+        arrow::compute::concat(&columns).map_err(|e| PyValueError::new_err(e.to_string()))?
+    };
+    if labels.len() != rows {
+        return Err(PyValueError::new_err(format!(
+            "within: {rows} rows but {} labels",
+            labels.len()
+        )));
+    }
+    Ok(labels)
 }
 
 pub(crate) fn rows_of(pieces: &[SparseBatch]) -> usize {
@@ -248,8 +298,15 @@ pub(crate) struct FittedIndex {
 impl FittedIndex {
     /// Builds the index of `rows` (a `Csr` or a `Source`) for `metric` with the SQL options.
     #[staticmethod]
-    #[pyo3(signature = (rows, metric, options))]
-    fn fit(py: Python<'_>, rows: &Bound<'_, PyAny>, metric: &str, options: &str) -> PyResult<Self> {
+    /// `groups`: `within=` labels of the rows (a `Source` of one column, a value a row).
+    #[pyo3(signature = (rows, metric, options, groups=None))]
+    fn fit(
+        py: Python<'_>,
+        rows: &Bound<'_, PyAny>,
+        metric: &str,
+        options: &str,
+        groups: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Self> {
         let opts = JoinOptions::default().apply(options).map_err(value_error)?;
         if !matches!(opts.exclude_self, ExcludeSelf::Off) {
             return Err(PyValueError::new_err(
@@ -278,10 +335,26 @@ impl FittedIndex {
         } else {
             (schema, batches)
         };
+        let groups = match groups {
+            Some(labels) => {
+                let labels = labels_of(py, labels, n_rows)?;
+                Some(
+                    py.detach(|| GroupMembers::build(&labels))
+                        .map_err(value_error)?,
+                )
+            }
+            None => None,
+        };
         let index = py
             .detach(|| SparseIndex::from_batches(schema, batches, &[name], &opts))
             .map_err(value_error)?;
-        Ok(Self::new(index, metric, pieces, opts.left_column.clone()))
+        Ok(Self::new(
+            index,
+            metric,
+            pieces,
+            opts.left_column.clone(),
+            groups,
+        ))
     }
 
     /// Opens an index file (`.skidx`, from `save` or `sparse-knn index`): nothing is rebuilt.
@@ -304,7 +377,13 @@ impl FittedIndex {
             })
             .map_err(value_error)?;
         let metric = index.metrics()[0];
-        Ok(Self::new(index, metric, pieces, opts.left_column.clone()))
+        Ok(Self::new(
+            index,
+            metric,
+            pieces,
+            opts.left_column.clone(),
+            None,
+        ))
     }
 
     /// Writes the index file: the fitted rows and their index; returns the bytes written.
@@ -346,15 +425,19 @@ impl FittedIndex {
     /// The `k` nearest fitted rows of each query row (`rows=None`: the fitted rows, each row's
     /// own pair left out): `(n, distances, indices)`, n × k float64 / int64 values row-major,
     /// nearest first; an empty slot (a NULL vector) is NaN / -1.
-    #[pyo3(signature = (rows, k))]
+    /// `groups`: `within=` labels of the query rows (see `fit`; `rows=None` takes the fitted
+    /// rows' own); a query row's slots past its group's rows are empty.
+    #[pyo3(signature = (rows, k, groups=None))]
     fn kneighbors<'py>(
         &self,
         py: Python<'py>,
         rows: Option<&Bound<'py, PyAny>>,
         k: usize,
+        groups: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(usize, Bound<'py, PyByteArray>, Bound<'py, PyByteArray>)> {
         let fitted = &self.inner;
         let query = self.query(py, rows)?;
+        let groups = self.groups_of(py, &query, groups)?;
         let searched = match query {
             Query::Given(_) => fitted.n_rows,
             Query::Fitted => fitted.n_rows.saturating_sub(1),
@@ -376,11 +459,12 @@ impl FittedIndex {
         let mut distances = vec![f64::NAN; n * k];
         let mut indices = vec![-1i64; n * k];
         py.detach(|| {
-            if fitted.self_nearest(&query, k, (&mut distances, &mut indices))? {
+            if groups.is_none() && fitted.self_nearest(&query, k, (&mut distances, &mut indices))? {
                 return Ok(());
             }
             fitted.probe_runs(
                 &query,
+                groups.as_deref(),
                 Selection::Nearest(k),
                 PROBE_ROWS,
                 |first, _, pairs| {
@@ -412,12 +496,13 @@ impl FittedIndex {
     /// Every fitted row within `radius` (for a similarity: at least `radius`) of each query row
     /// (`rows=None`: the fitted rows, own pair left out): `(counts, distances, indices)`, the
     /// pairs a row has (int64) and the pairs row after row, nearest first, ties by row.
-    #[pyo3(signature = (rows, radius))]
+    #[pyo3(signature = (rows, radius, groups=None))]
     fn radius_neighbors<'py>(
         &self,
         py: Python<'py>,
         rows: Option<&Bound<'py, PyAny>>,
         radius: f64,
+        groups: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(
         Bound<'py, PyByteArray>,
         Bound<'py, PyByteArray>,
@@ -431,6 +516,7 @@ impl FittedIndex {
             )));
         }
         let query = self.query(py, rows)?;
+        let groups = self.groups_of(py, &query, groups)?;
         let n = rows_of(fitted.query_rows(&query));
         let similarity = fitted.similarity();
         let mut counts = vec![0i64; n];
@@ -438,6 +524,7 @@ impl FittedIndex {
         py.detach(|| {
             fitted.probe_runs(
                 &query,
+                groups.as_deref(),
                 Selection::Within(radius),
                 PROBE_ROWS,
                 |first, _, pairs| {
@@ -532,6 +619,7 @@ impl FittedIndex {
         metric: Metric,
         rows: Vec<SparseBatch>,
         query_column: Option<String>,
+        groups: Option<GroupMembers>,
     ) -> Self {
         Self {
             inner: Arc::new(Fitted {
@@ -541,7 +629,38 @@ impl FittedIndex {
                 metric,
                 rows,
                 query_column,
+                groups,
             }),
+        }
+    }
+
+    /// The query rows' groups for a `within=` call: from `labels`, or the fitted rows' own for
+    /// `rows=None`; None where the index was fitted without labels and none are given.
+    fn groups_of(
+        &self,
+        py: Python<'_>,
+        query: &Query,
+        labels: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<Option<Vec<u32>>> {
+        let fitted = &self.inner;
+        match (&fitted.groups, labels, query) {
+            (None, None, _) => Ok(None),
+            (None, Some(_), _) => Err(PyValueError::new_err(
+                "within: the index was fitted without within= labels; fit(X, within=labels) to \
+                 search within groups",
+            )),
+            (Some(members), None, Query::Fitted) => Ok(Some(members.right_groups().to_vec())),
+            (Some(_), None, Query::Given(_)) => Err(PyValueError::new_err(
+                "within: the index was fitted with within= labels; pass within= labels of X's \
+                 rows too",
+            )),
+            (Some(members), Some(labels), _) => {
+                let labels = labels_of(py, labels, rows_of(fitted.query_rows(query)))?;
+                Ok(Some(
+                    py.detach(|| members.left_groups(&labels))
+                        .map_err(value_error)?,
+                ))
+            }
         }
     }
 

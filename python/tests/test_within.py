@@ -91,3 +91,82 @@ def test_bad_labels_say_what_is_wrong(counts):
         knn.kneighbors(X, Y, k=2, within=np.zeros(X.shape[0]))
     with pytest.raises(ValueError, match="name its column"):
         knn.kneighbors(pa.table({"v": [1]}), Y, k=2, within=([1], np.zeros(Y.shape[0])))
+
+
+@pytest.mark.parametrize("metric", ["cosine", "manhattan"])
+def test_the_estimator_searches_within_the_groups_it_was_fitted_with(counts, metric):
+    X, Y = counts
+    gx, gy = _labels(X.shape[0], 3, 5), _labels(Y.shape[0], 3, 6)
+    k = 4
+    nn = knn.NearestNeighbors(n_neighbors=k, metric=metric).fit(Y, within=gy)
+    d, i = nn.kneighbors(X, within=gx)
+    ref = reference_matrix(metric, X.toarray(), Y.toarray())
+    tol = tolerance(metric, ref, X.toarray(), Y.toarray())
+    for row in range(X.shape[0]):
+        members = np.flatnonzero(gy == gx[row])
+        order = members[np.argsort(ref[row, members], kind="stable")[:k]]
+        assert np.isin(i[row], members).all(), f"row {row}: a neighbour of another group"
+        assert close(d[row], ref[row, order], tol[row, order]).all(), f"row {row}"
+    # The same as the function's within=.
+    fd, fi = knn.kneighbors(X, Y, k=k, metric=metric, within=(gx, gy))
+    np.testing.assert_array_equal(i, fi)
+    np.testing.assert_array_equal(d, fd)
+
+    # X=None: the fitted rows against their own group, each row's own pair left out.
+    d, i = nn.kneighbors()
+    self_ref = reference_matrix(metric, Y.toarray(), Y.toarray())
+    for row in range(Y.shape[0]):
+        members = np.flatnonzero(gy == gy[row])
+        members = members[members != row]
+        assert np.isin(i[row], members).all() and row not in i[row], f"row {row}"
+        best = np.sort(self_ref[row, members])[:k]
+        assert close(np.sort(d[row]), best, 1e-9 * np.maximum(1, np.abs(best))).all(), f"row {row}"
+
+    # radius_neighbors and the graphs take the groups too.
+    r = float(np.median(ref))
+    dist, ind = nn.radius_neighbors(X, radius=r, within=gx)
+    for row in range(X.shape[0]):
+        want = {j for j in np.flatnonzero(gy == gx[row]) if ref[row, j] <= r}
+        got = set(ind[row].tolist())
+        edge = {j for j in want ^ got if abs(ref[row, j] - r) < 1e-9}
+        assert got ^ want <= edge, f"row {row}"
+    graph = nn.kneighbors_graph(X, within=gx)
+    assert graph.shape == (X.shape[0], Y.shape[0]) and graph.nnz == X.shape[0] * k
+    rows, cols = graph.nonzero()
+    assert (gy[cols] == gx[rows]).all()
+
+
+def test_the_estimator_leaves_slots_empty_past_a_small_group_and_names_arrow_columns(counts):
+    X, Y = counts
+    gy = np.zeros(Y.shape[0], dtype=np.int64)
+    gy[:2] = 7  # a group of two rows
+    nn = knn.NearestNeighbors(n_neighbors=3, metric="cosine").fit(Y, within=gy)
+    d, i = nn.kneighbors(X[:2], within=[7, 8])
+    assert set(i[0][:2]) == {0, 1} and i[0][2] == -1 and np.isnan(d[0][2])
+    assert (i[1] == -1).all(), "a label no fitted row has matches nothing"
+
+    vectors = pa.StructArray.from_arrays(
+        [
+            pa.array([Y[r].indices.astype(np.int32) for r in range(Y.shape[0])]),
+            pa.array([Y[r].data.astype(np.float32) for r in range(Y.shape[0])]),
+        ],
+        names=["indices", "values"],
+    )
+    table = pa.table({"vector": vectors, "tenant": pa.array(gy)})
+    by_column = knn.NearestNeighbors(n_neighbors=2, metric="cosine").fit(table, within="tenant")
+    by_labels = knn.NearestNeighbors(n_neighbors=2, metric="cosine").fit(Y, within=gy)
+    np.testing.assert_array_equal(by_column.kneighbors()[1], by_labels.kneighbors()[1])
+
+
+def test_the_estimator_says_when_within_is_missing_or_not_fitted(counts):
+    X, Y = counts
+    plain = knn.NearestNeighbors(n_neighbors=2).fit(Y)
+    with pytest.raises(ValueError, match="fitted without within"):
+        plain.kneighbors(X, within=np.zeros(X.shape[0]))
+    grouped = knn.NearestNeighbors(n_neighbors=2).fit(Y, within=np.zeros(Y.shape[0]))
+    with pytest.raises(ValueError, match="labels of X's rows too"):
+        grouped.kneighbors(X)
+    with pytest.raises(ValueError, match="rows but"):
+        grouped.kneighbors(X, within=[1, 2])
+    with pytest.raises(ValueError, match="no column"):
+        knn.NearestNeighbors(n_neighbors=2).fit(pa.table({"v": [1]}), within="tenant")

@@ -46,6 +46,16 @@ impl KeptSide {
             return Ok(Arc::clone(groups));
         }
         let groups = Arc::new(GroupMembers::build(self.others.column(column))?);
+        // Held as long as the side: in the session's pool with it.
+        self._reservation
+            .try_grow(groups.memory_size())
+            .map_err(|e| {
+                datafusion::common::DataFusionError::ResourcesExhausted(format!(
+                    "within={}: the right side's groups need {} bytes of session memory: {e}",
+                    self.others.schema().field(column).name(),
+                    groups.memory_size()
+                ))
+            })?;
         held.insert(column, Arc::clone(&groups));
         Ok(groups)
     }

@@ -43,7 +43,7 @@ use crate::join::{
     join_shards, max_chunk_nnz, split_row_ranges, split_rows, Cancel, JoinIndex, PairList,
     ProbeOptions, Probed, Selection,
 };
-use crate::join::{MatrixOut, MatrixRows, RowMask};
+use crate::join::{GroupedProbe, MatrixOut, MatrixRows, RowMask};
 use crate::metric::Metric;
 use crate::options::JoinOptions;
 use crate::vector::{find_vector_column, Side};
@@ -595,6 +595,33 @@ impl SparseIndex {
     ) -> Result<PairList> {
         let (index, _) = self.source.index_for(metric, self.device, &self.gpu)?;
         Ok(index.probe(left, selection, options)?.into_pairs())
+    }
+
+    /// [`SparseIndex::probe_metric`] with `within=`: each left row's pairs with the stored rows
+    /// of its own group only (`groups.left`: the left rows' groups from
+    /// [`crate::join::GroupMembers::left_groups`], `groups.members`: the stored rows' groups), and with the
+    /// rows `groups.filter` passes where it is given.
+    pub fn probe_grouped_metric(
+        &self,
+        metric: &Metric,
+        left: &SparseBatch,
+        groups: GroupedProbe<'_>,
+        selection: Selection,
+        options: ProbeOptions,
+    ) -> Result<PairList> {
+        if groups.members.right_rows() != self.rows() || groups.left.len() != left.len() {
+            return exec_err!(
+                "within: groups of {} stored and {} left rows, for {} and {}",
+                groups.members.right_rows(),
+                groups.left.len(),
+                self.rows(),
+                left.len()
+            );
+        }
+        let (index, _) = self.source.index_for(metric, self.device, &self.gpu)?;
+        Ok(index
+            .probe_grouped(left, groups, selection, options, &Cancel::new())?
+            .into_pairs())
     }
 
     /// Every distance between `left` (None: the stored rows themselves, each pair computed once

@@ -202,3 +202,53 @@ async fn a_rewritten_source_gives_its_new_rows_to_the_lookup() {
     assert_eq!(text(&after), text(&fresh));
     assert_ne!(text(&after), text(&before));
 }
+
+#[tokio::test]
+#[ignore = "needs a CUDA GPU"]
+async fn a_lookup_by_key_on_the_gpu_answers_as_its_rows_alone_and_as_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = dir.path().join("docs.parquet");
+    write_docs(&docs, 2000, 47);
+    let ctx = session(&docs).await;
+    for metric in ["cosine", "manhattan", "jensenshannon", "jaccard"] {
+        for predicate in LOOKUPS {
+            copy_of_rows(&ctx, predicate).await;
+            let sql = |left: &str, device: &str| {
+                format!(
+                    "SELECT * FROM knn_join({left}, docs, '{metric}', 7, 'device={device}') \
+                     ORDER BY query_id, rank"
+                )
+            };
+            let by_key = format!("(SELECT * FROM docs WHERE {predicate})");
+            let gpu = collect(&ctx, &sql(&by_key, "gpu")).await;
+            let what = format!("{metric}, {predicate}");
+            assert_eq!(
+                text(&gpu),
+                text(&collect(&ctx, &sql("q", "gpu")).await),
+                "{what}: by key against the rows alone"
+            );
+            let (gpu, cpu) = (
+                common::pairs(&gpu),
+                common::pairs(&collect(&ctx, &sql(&by_key, "cpu")).await),
+            );
+            assert_eq!(gpu.len(), cpu.len(), "{what}");
+            for (g, c) in gpu.iter().zip(&cpu) {
+                assert_eq!((g.0, g.3), (c.0, c.3), "{what}");
+                assert!(
+                    (g.2 - c.2).abs() <= 1e-6 * c.2.abs().max(1.0),
+                    "{what}: {g:?} against the CPU's {c:?}"
+                );
+            }
+        }
+        let counters = explain_counters(
+            &ctx,
+            &format!(
+                "SELECT * FROM knn_join((SELECT * FROM docs WHERE id = 3), docs, '{metric}', 7, \
+                 'device=gpu')"
+            ),
+            &["index_reused", "left_rows_from_index"],
+        )
+        .await;
+        assert_eq!(counters, vec![1, 1], "{metric}");
+    }
+}

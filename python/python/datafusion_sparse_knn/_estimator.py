@@ -21,11 +21,12 @@ from ._inputs import (
     _check_radius,
     _distance_dtype,
     _float_kind,
+    _labels,
     _object_array,
     _option_text,
     _rows,
 )
-from ._internal import FittedIndex
+from ._internal import FittedIndex, Source
 
 try:  # scikit-learn is optional
     from sklearn.base import BaseEstimator as _Base
@@ -118,6 +119,14 @@ class NearestNeighbors(_Base):
     queries the same kinds. Ties go to the earlier fitted row. For ``dot`` (a similarity),
     "nearest" is largest first.
 
+    ``within=``: ``fit(Y, within=labels)`` gives each fitted row a group (a value a row: numbers
+    or strings; None matches nothing), and every query then passes its rows' labels
+    (``kneighbors(X, within=labels)``; for ``X=None`` the fitted rows' own): each row's
+    neighbours come from its own group only, and a row whose group has fewer than
+    ``n_neighbors`` other rows has empty slots (distance NaN, index -1). With Arrow data or a
+    Parquet path, ``within`` may name a column of it instead. The labels are not saved in an
+    index file.
+
     Distances come in the dtype scikit-learn (1.9) gives them in: float32 where the fitted rows
     and the query rows are float32 matrices and the metric is ``cosine``, or ``euclidean``
     (``minkowski`` with ``p=2``) and both are sparse; else float64 (scikit-learn's ArgKmin and
@@ -163,10 +172,12 @@ class NearestNeighbors(_Base):
             options["dim"] = columns
         return ", ".join(f"{k}={_option_text(k, v)}" for k, v in options.items())
 
-    def fit(self, X: Any, y: Any = None) -> NearestNeighbors:
-        """Builds the index of the rows of ``X`` (``y`` is ignored)."""
-        rows, _, columns = _rows(X, "X")
-        self._index = FittedIndex.fit(rows, self.metric, self._options_text(columns))
+    def fit(self, X: Any, y: Any = None, within: Any = None) -> NearestNeighbors:
+        """Builds the index of the rows of ``X`` (``y`` is ignored); ``within``: the rows'
+        groups (see the class)."""
+        rows, n, columns = _rows(X, "X")
+        groups = _within_source(within, X, n, "X")
+        self._index = FittedIndex.fit(rows, self.metric, self._options_text(columns), groups)
         self._fit_X = X
         self._fit_kind = _float_kind(X)
         self.n_samples_fit_ = self._index.n_rows
@@ -215,15 +226,21 @@ class NearestNeighbors(_Base):
 
     # -- queries ---------------------------------------------------------------------------
 
-    def kneighbors(self, X: Any = None, n_neighbors: int | None = None, return_distance: bool = True):
+    def kneighbors(
+        self,
+        X: Any = None,
+        n_neighbors: int | None = None,
+        return_distance: bool = True,
+        within: Any = None,
+    ):
         """The ``n_neighbors`` nearest fitted rows of each row of ``X``: ``(distances,
         indices)``, float (see the class) and int64 arrays of shape (rows of X, n_neighbors),
         nearest first. ``X=None``: the fitted rows, each row's own pair left out (as
-        scikit-learn does)."""
+        scikit-learn does). ``within``: the rows' groups (see the class)."""
         index = self._fitted()
         k = _check_n_neighbors(self.n_neighbors if n_neighbors is None else n_neighbors)
-        rows, _ = self._query(X)
-        n, distances, indices = index.kneighbors(rows, k)
+        rows, n = self._query(X)
+        n, distances, indices = index.kneighbors(rows, k, _within_source(within, X, n, "X"))
         ind = _frombuffer(indices, np.int64, (n, k))
         if not return_distance:
             return ind
@@ -236,24 +253,26 @@ class NearestNeighbors(_Base):
         radius: float | None = None,
         return_distance: bool = True,
         sort_results: bool = False,
+        within: Any = None,
     ):
         """Every fitted row within ``radius`` of each row of ``X`` (for ``dot``: at least
         ``radius``): object arrays of one float (see the class) / int64 array per row. The radius
         is applied to the float64 distances. Always nearest first,
         ties by row (``sort_results`` is accepted for scikit-learn's signature). ``X=None``:
-        the fitted rows, own pair left out."""
-        distances, indices, counts = self._radius(X, radius)
+        the fitted rows, own pair left out. ``within``: the rows' groups (see the class)."""
+        distances, indices, counts = self._radius(X, radius, within)
         cuts = np.cumsum(counts)[:-1]
         ind = _object_array(np.split(indices, cuts))
         if not return_distance:
             return ind
         return _object_array(np.split(distances, cuts)), ind
 
-    def _radius(self, X: Any, radius: float | None):
+    def _radius(self, X: Any, radius: float | None, within: Any = None):
         index = self._fitted()
         radius = _check_radius(self.radius if radius is None else radius)
-        rows, _ = self._query(X)
-        counts, distances, indices = index.radius_neighbors(rows, radius)
+        rows, n = self._query(X)
+        groups = _within_source(within, X, n, "X")
+        counts, distances, indices = index.radius_neighbors(rows, radius, groups)
         return (
             _frombuffer(distances, np.float64).astype(self._distance_dtype(X), copy=False),
             _frombuffer(indices, np.int64),
@@ -262,14 +281,20 @@ class NearestNeighbors(_Base):
 
     # -- graphs ----------------------------------------------------------------------------
 
-    def kneighbors_graph(self, X: Any = None, n_neighbors: int | None = None, mode: str = "connectivity"):
+    def kneighbors_graph(
+        self,
+        X: Any = None,
+        n_neighbors: int | None = None,
+        mode: str = "connectivity",
+        within: Any = None,
+    ):
         """The kNN graph as a ``scipy.sparse.csr_matrix`` of shape (rows of X, fitted rows):
         ``mode='connectivity'`` stores float64 ones, ``'distance'`` the distances (in the
         kneighbors dtype); each row holds its ``n_neighbors`` neighbours in ascending distance,
         as scikit-learn's (see :func:`_neighbors_graph` on keeping that order)."""
         _check_mode(mode)
         k = _check_n_neighbors(self.n_neighbors if n_neighbors is None else n_neighbors)
-        distances, indices = self.kneighbors(X, k, return_distance=True)
+        distances, indices = self.kneighbors(X, k, return_distance=True, within=within)
         counts = np.full(indices.shape[0], k, dtype=np.int64)
         kept = indices >= 0
         if not kept.all():
@@ -285,12 +310,13 @@ class NearestNeighbors(_Base):
         radius: float | None = None,
         mode: str = "connectivity",
         sort_results: bool = False,
+        within: Any = None,
     ):
         """Every pair within ``radius`` as a ``scipy.sparse.csr_matrix`` of shape (rows of X,
         fitted rows), each row in ascending distance (``mode`` and dtypes as in
         ``kneighbors_graph``)."""
         _check_mode(mode)
-        distances, indices, counts = self._radius(X, radius)
+        distances, indices, counts = self._radius(X, radius, within)
         return _neighbors_graph(distances, indices, counts, mode, self.n_samples_fit_)
 
     # -- index files -----------------------------------------------------------------------
@@ -325,6 +351,51 @@ class NearestNeighbors(_Base):
         nn.effective_metric_ = nn._index.metric
         nn.device_ = nn._index.device
         return nn
+
+
+def _within_source(within: Any, X: Any, rows: int | None, what: str) -> Source | None:
+    """``within=`` of an estimator call as a one-column ``Source``: labels, a value a row, or
+    the name of a column of ``X``'s Arrow data or Parquet file."""
+    if within is None:
+        return None
+    if isinstance(within, str):
+        if X is None:
+            msg = "within: X=None takes the fitted rows' own labels; leave within out"
+            raise ValueError(msg)
+        labels = _column_of(X, within, what)
+    else:
+        if rows is None:
+            msg = f"within: the number of rows of {what} is not known; name a column instead"
+            raise ValueError(msg)
+        labels = _labels(within, rows, what)
+    import pyarrow as pa
+
+    return Source.from_arrow(pa.table({"group": labels}))
+
+
+def _column_of(X: Any, name: str, what: str):
+    import pyarrow as pa
+
+    if isinstance(X, (str, os.PathLike)):
+        import pyarrow.parquet as pq
+
+        try:
+            X = pq.read_table(os.fspath(X), columns=[name])
+        except (pa.ArrowInvalid, KeyError) as e:
+            msg = f"within={name}: {what} has no such column ({e})"
+            raise ValueError(msg) from None
+    if isinstance(X, pa.RecordBatch):
+        X = pa.Table.from_batches([X])
+    if not isinstance(X, pa.Table):
+        msg = (
+            f"within={name}: a column name goes with Arrow data or a Parquet path; {what} is "
+            f"{type(X).__name__}: pass labels, a value a row"
+        )
+        raise ValueError(msg)
+    if name not in X.column_names:
+        msg = f"within={name}: {what} has no column '{name}' (it has {X.column_names})"
+        raise ValueError(msg)
+    return X.column(name).combine_chunks()
 
 
 def _neighbors_graph(
