@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use datafusion::common::Result;
+use rayon::prelude::*;
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
@@ -32,7 +33,7 @@ pub struct RowMask {
 impl RowMask {
     /// The mask of `pass` (one flag a right row, in row order).
     pub fn new(pass: Vec<bool>) -> Self {
-        let passing = pass.iter().filter(|&&p| p).count();
+        let passing = pass.par_iter().filter(|&&p| p).count();
         let len = pass.len();
         RowMask {
             rows: pass.into(),

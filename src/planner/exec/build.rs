@@ -130,7 +130,18 @@ impl BuildJob {
             Some(plan) => {
                 let mask = match over_kept {
                     Some(predicate) if side.others.num_rows() == side.rows => {
-                        mask_of_kept(predicate.as_ref(), &side.others, name)?
+                        let side = Arc::clone(&side);
+                        SpawnedTask::spawn_blocking(move || {
+                            super::kept_left::rows_passing(
+                                predicate.as_ref(),
+                                &side.others,
+                                name,
+                                "right",
+                            )
+                            .map(RowMask::new)
+                        })
+                        .await
+                        .map_err(|e| DataFusionError::External(Box::new(e)))??
                     }
                     _ => read_mask(plan, &context, side.rows, name).await?,
                 };
@@ -558,17 +569,4 @@ async fn read_mask(
         );
     }
     Ok(RowMask::new(pass))
-}
-
-/// The rows of the kept side's other columns that `predicate` passes (a NULL does not pass).
-fn mask_of_kept(predicate: &dyn PhysicalExpr, others: &RecordBatch, name: &str) -> Result<RowMask> {
-    let values = predicate.evaluate(others)?.into_array(others.num_rows())?;
-    let Some(pass) = values.as_any().downcast_ref::<arrow::array::BooleanArray>() else {
-        return exec_err!("{name}: the right side's filter did not give a Boolean column");
-    };
-    Ok(RowMask::new(
-        (0..pass.len())
-            .map(|i| pass.is_valid(i) && pass.value(i))
-            .collect(),
-    ))
 }

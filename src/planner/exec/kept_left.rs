@@ -10,6 +10,7 @@ use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{exec_err, Result};
 use datafusion::physical_expr::PhysicalExpr;
+use rayon::prelude::*;
 
 use crate::index::KeptSide;
 
@@ -34,17 +35,12 @@ pub(super) fn left_rows(
         return Ok(None);
     };
     let others = &side.others;
-    let passed = left
-        .predicate
-        .evaluate(others)?
-        .into_array(others.num_rows())?;
-    let Some(passed) = passed.as_any().downcast_ref::<BooleanArray>() else {
-        return exec_err!("{name}: the left side's filter did not give a Boolean column");
-    };
-    // A NULL does not pass, as in a WHERE.
-    let rows: Vec<u32> = (0..passed.len())
-        .filter(|&i| passed.is_valid(i) && passed.value(i))
-        .map(|i| i as u32)
+    let passed = rows_passing(left.predicate.as_ref(), others, name, "left")?;
+    let rows: Vec<u32> = passed
+        .par_iter()
+        .enumerate()
+        .filter(|(_, &pass)| pass)
+        .map(|(i, _)| i as u32)
         .collect();
     let mut batches = Vec::new();
     for (first, vector_piece) in vectors.take(&rows)? {
@@ -61,4 +57,42 @@ pub(super) fn left_rows(
         batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
     }
     Ok(Some(batches))
+}
+
+/// Rows of `batch` a slice evaluates at once (see [`rows_passing`]).
+const PREDICATE_SLICE: usize = 1 << 16;
+
+/// Whether each row of `batch` (a kept side's other columns) passes `predicate`, a NULL not
+/// passing as in a WHERE: evaluated a slice of rows per core (a row's value depends on its row
+/// alone), so that a new predicate over 11M kept rows costs milliseconds, not a core's 0.1 s.
+pub(super) fn rows_passing(
+    predicate: &dyn PhysicalExpr,
+    batch: &RecordBatch,
+    name: &str,
+    side: &str,
+) -> Result<Vec<bool>> {
+    let rows = batch.num_rows();
+    let slices: Vec<Result<Vec<bool>>> = (0..rows.div_ceil(PREDICATE_SLICE))
+        .into_par_iter()
+        .map(|i| {
+            let start = i * PREDICATE_SLICE;
+            let len = PREDICATE_SLICE.min(rows - start);
+            let values = predicate
+                .evaluate(&batch.slice(start, len))?
+                .into_array(len)?;
+            let Some(pass) = values.as_any().downcast_ref::<BooleanArray>() else {
+                return exec_err!("{name}: the {side} side's filter did not give a Boolean column");
+            };
+            let bits = match pass.nulls() {
+                Some(valid) => pass.values() & valid.inner(),
+                None => pass.values().clone(),
+            };
+            Ok(bits.iter().collect())
+        })
+        .collect();
+    let mut flags = Vec::with_capacity(rows);
+    for slice in slices {
+        flags.extend(slice?);
+    }
+    Ok(flags)
 }
