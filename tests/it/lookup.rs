@@ -252,3 +252,68 @@ async fn a_lookup_by_key_on_the_gpu_answers_as_its_rows_alone_and_as_the_cpu() {
         assert_eq!(counters, vec![1, 1], "{metric}");
     }
 }
+
+/// A session over `docs` whose memory pool holds `limit` bytes.
+async fn bounded_session(docs: &Path, limit: usize) -> SessionContext {
+    let config = datafusion::prelude::SessionConfig::new()
+        .with_option_extension(datafusion_sparse_knn::options::SparseKnnConfig::default())
+        .with_batch_size(50);
+    let runtime = datafusion_sparse_knn::runtime_env_builder()
+        .with_memory_limit(limit, 1.0)
+        .build_arc()
+        .unwrap();
+    let ctx = SessionContext::new_with_config_rt(config, runtime);
+    datafusion_sparse_knn::register_all(&ctx).unwrap();
+    ctx.register_parquet("docs", docs.to_str().unwrap(), Default::default())
+        .await
+        .unwrap();
+    ctx
+}
+
+#[tokio::test]
+async fn a_pool_without_room_for_the_vectors_reads_the_left_side_and_answers_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let docs = dir.path().join("docs.parquet");
+    write_docs(&docs, 600, 49);
+    let lookup = "SELECT * FROM knn_join((SELECT * FROM docs WHERE id % 37 = 5), docs, 'cosine', \
+                  5, 'device=cpu')";
+    let unbounded = session(&docs).await;
+    // (no ORDER BY: a sort would need more of the pool than the join)
+    let sorted = |batches: Vec<RecordBatch>| {
+        let mut pairs = common::pairs(&batches);
+        pairs.sort_by(|a, b| (a.0, a.3).cmp(&(b.0, b.3)));
+        pairs
+    };
+    let want = sorted(collect(&unbounded, lookup).await);
+    // The bytes of the side as read, about what its vectors keep: the smallest pool (in tenths
+    // of that) in which the lookup runs holds the index, not the vectors beside it.
+    let read: usize = collect(&unbounded, "SELECT * FROM docs")
+        .await
+        .iter()
+        .map(RecordBatch::get_array_memory_size)
+        .sum();
+    let mut tenths = 10;
+    let ctx = loop {
+        assert!(tenths <= 100, "no pool up to 10x the read ran the lookup");
+        let ctx = bounded_session(&docs, read * tenths / 10).await;
+        match ctx.sql(lookup).await.unwrap().collect().await {
+            Ok(_) => break ctx,
+            Err(e) if tenths == 100 => panic!("{e}"),
+            Err(_) => {}
+        }
+        tenths += 1;
+    };
+    assert_eq!(sorted(collect(&ctx, lookup).await), want);
+    // (a side that is not a quarter of the pool is not cached: each statement builds it)
+    let counters = explain_counters(&ctx, lookup, &["left_rows_from_index"]).await;
+    assert_eq!(
+        counters,
+        vec![0],
+        "the side holds no vectors: the left side is read"
+    );
+    // With room for them, the same lookup takes its rows from the side.
+    let roomy = bounded_session(&docs, read * (tenths + 20) / 10).await;
+    assert_eq!(sorted(collect(&roomy, lookup).await), want);
+    let counters = explain_counters(&roomy, lookup, &["left_rows_from_index"]).await;
+    assert_eq!(counters, vec![17], "ids 5, 42, ..., 597");
+}
