@@ -281,7 +281,7 @@ async fn a_pool_without_room_for_the_vectors_reads_the_left_side_and_answers_the
     // (no ORDER BY: a sort would need more of the pool than the join)
     let sorted = |batches: Vec<RecordBatch>| {
         let mut pairs = common::pairs(&batches);
-        pairs.sort_by(|a, b| (a.0, a.3).cmp(&(b.0, b.3)));
+        pairs.sort_by_key(|p| (p.0, p.3));
         pairs
     };
     let want = sorted(collect(&unbounded, lookup).await);
