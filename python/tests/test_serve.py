@@ -151,3 +151,20 @@ def test_paths_outside_the_served_folder_and_writes_are_refused(server):
         _query(url, f"COPY (SELECT doc_id FROM news) TO '{folder}/news/copy.parquet'")
     assert not (folder / "news" / "copy.parquet").exists()
     assert _query(url, "SELECT count(*) AS n FROM news").column("n").to_pylist() == [4275]
+
+
+def test_a_prepared_lookup_takes_its_key_as_a_parameter(server):
+    url, _ = server
+    template = ("SELECT neighbor_doc_id, distance FROM knn_join((SELECT * FROM news WHERE doc_id = $1), "
+                "news, 'cosine', 4) ORDER BY rank")
+    with _connect(url) as connection, connection.cursor() as cursor:
+        bound = {}
+        for doc_id in (4, 97, 1000):
+            cursor.execute(template, parameters=(doc_id,))
+            bound[doc_id] = cursor.fetch_arrow_table()
+    for doc_id, result in bound.items():
+        written_out = _query(url, template.replace("$1", str(doc_id)))
+        assert result.num_rows == 4
+        assert result.column("neighbor_doc_id").to_pylist() == written_out.column("neighbor_doc_id").to_pylist()
+        assert result.column("distance").to_pylist() == written_out.column("distance").to_pylist()
+    assert bound[4].column("neighbor_doc_id").to_pylist()[0] == 4

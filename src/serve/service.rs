@@ -1,5 +1,6 @@
-//! The Flight SQL service over one shared session: statements and prepared statements (what
-//! ADBC drivers and the Flight SQL JDBC driver send), planned against the session as it is,
+//! The Flight SQL service over one shared session: statements and prepared statements, with
+//! `$1`-style parameters bound by the client (what ADBC drivers and the Flight SQL JDBC driver
+//! send), planned against the session as it is,
 //! checked (read-only unless allowed; reads confined to the roots), run with a bound on how
 //! many run at once and an optional deadline, and streamed back as Arrow IPC.
 
@@ -11,21 +12,24 @@ use std::time::{Duration, Instant};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use arrow::ipc::writer::IpcWriteOptions;
+use arrow_flight::decode::FlightRecordBatchStream;
 use arrow_flight::encode::FlightDataEncoderBuilder;
 use arrow_flight::error::FlightError;
 use arrow_flight::flight_service_server::FlightService;
 use arrow_flight::sql::metadata::{SqlInfoData, SqlInfoDataBuilder};
 use arrow_flight::sql::server::FlightSqlService;
+use arrow_flight::sql::server::PeekableFlightDataStream;
 use arrow_flight::sql::{
     ActionClosePreparedStatementRequest, ActionCreatePreparedStatementRequest,
     ActionCreatePreparedStatementResult, Any, CommandGetCatalogs, CommandGetDbSchemas,
     CommandGetSqlInfo, CommandGetTables, CommandPreparedStatementQuery, CommandStatementQuery,
-    ProstMessageExt, SqlInfo, TicketStatementQuery,
+    DoPutPreparedStatementResult, ProstMessageExt, SqlInfo, TicketStatementQuery,
 };
 use arrow_flight::{
     FlightDescriptor, FlightEndpoint, FlightInfo, HandshakeRequest, HandshakeResponse, IpcMessage,
     SchemaAsIpc, Ticket,
 };
+use datafusion::common::ScalarValue;
 use datafusion::datasource::TableType;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::{SQLOptions, SessionContext};
@@ -107,13 +111,42 @@ impl SqlEndpoint {
         Ok(plan)
     }
 
+    /// A statement planned with the values bound to its parameters (`$1`, `$2`, ... in order of
+    /// the parameter batch's columns); one with parameters and no values is the client's error.
+    async fn plan_bound(&self, statement: &Prepared) -> Result<LogicalPlan, Status> {
+        let plan = self.plan(&statement.sql).await?;
+        let Some(values) = &statement.parameters else {
+            let mut names: Vec<String> = plan
+                .get_parameter_types()
+                .map_err(status_of)?
+                .into_keys()
+                .collect();
+            if names.is_empty() {
+                return Ok(plan);
+            }
+            names.sort_by_key(|name| parameter_position(name));
+            return Err(Status::invalid_argument(format!(
+                "the statement has parameters ({}): bind values to them (a prepared statement's \
+                 parameters)",
+                names.join(", ")
+            )));
+        };
+        let values = values
+            .columns()
+            .iter()
+            .map(|column| ScalarValue::try_from_array(column, 0))
+            .collect::<datafusion::error::Result<Vec<_>>>()
+            .map_err(status_of)?;
+        plan.with_param_values(values).map_err(status_of)
+    }
+
     async fn flight_info(
         &self,
-        sql: &str,
+        statement: &Prepared,
         ticket: &impl ProstMessageExt,
         descriptor: FlightDescriptor,
     ) -> Result<Response<FlightInfo>, Status> {
-        let plan = self.plan(sql).await?;
+        let plan = self.plan_bound(statement).await?;
         let schema = plan.schema().as_arrow().clone();
         info_of(&schema, ticket, descriptor)
     }
@@ -157,7 +190,12 @@ impl SqlEndpoint {
     /// Runs `sql` once a slot is free and streams its rows; the statement ends (and frees its
     /// memory) when its rows are sent, when it fails, when it passes the deadline, or when the
     /// client goes away (the stream is dropped).
-    async fn run(&self, sql: &str, peer: String) -> Result<Response<DoGetStream>, Status> {
+    async fn run(
+        &self,
+        statement: &Prepared,
+        peer: String,
+    ) -> Result<Response<DoGetStream>, Status> {
+        let sql = &statement.sql;
         let id = self.statements.fetch_add(1, Ordering::Relaxed) + 1;
         let permit = Arc::clone(&self.slots)
             .acquire_owned()
@@ -166,7 +204,7 @@ impl SqlEndpoint {
         let started = Instant::now();
         log::info!("serve: statement {id} from {peer}: {}", one_line(sql));
         let outcome = async {
-            let plan = self.plan(sql).await?;
+            let plan = self.plan_bound(statement).await?;
             let df = self
                 .ctx
                 .execute_logical_plan(plan)
@@ -329,8 +367,80 @@ fn status_of(error: DataFusionError) -> Status {
 }
 
 fn statement_text(bytes: &[u8]) -> Result<String, Status> {
-    String::from_utf8(bytes.to_vec())
-        .map_err(|_| Status::invalid_argument("the statement handle is not this server's"))
+    String::from_utf8(bytes.to_vec()).map_err(|_| foreign_handle())
+}
+
+fn foreign_handle() -> Status {
+    Status::invalid_argument("the statement handle is not this server's")
+}
+
+/// A statement as its handle carries it: its text and, once a client bound them, the values of
+/// its parameters (one row, a column each). Nothing is kept on the server between calls.
+struct Prepared {
+    sql: String,
+    parameters: Option<RecordBatch>,
+}
+
+/// Starts a handle with bound parameters (SQL text never starts with a NUL byte).
+const BOUND: &[u8] = b"\0sparse-knn bound\0";
+
+impl Prepared {
+    fn unbound(sql: String) -> Self {
+        Self {
+            sql,
+            parameters: None,
+        }
+    }
+
+    /// A handle: the text alone, or `BOUND`, the text's length (4 bytes, little-endian), the
+    /// text and the values as an Arrow IPC stream.
+    fn handle(&self) -> Result<bytes::Bytes, Status> {
+        let Some(values) = &self.parameters else {
+            return Ok(self.sql.clone().into_bytes().into());
+        };
+        let mut handle = BOUND.to_vec();
+        handle.extend((self.sql.len() as u32).to_le_bytes());
+        handle.extend(self.sql.as_bytes());
+        let encoding = |e: arrow::error::ArrowError| {
+            Status::internal(format!("encoding the parameters' values: {e}"))
+        };
+        let mut writer = arrow::ipc::writer::StreamWriter::try_new(&mut handle, &values.schema())
+            .map_err(encoding)?;
+        writer.write(values).map_err(encoding)?;
+        writer.finish().map_err(encoding)?;
+        drop(writer);
+        Ok(handle.into())
+    }
+
+    fn from_handle(handle: &[u8]) -> Result<Self, Status> {
+        let Some(rest) = handle.strip_prefix(BOUND) else {
+            return Ok(Self::unbound(statement_text(handle)?));
+        };
+        let length = rest
+            .get(..4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .ok_or_else(foreign_handle)?;
+        let sql = statement_text(rest.get(4..4 + length).ok_or_else(foreign_handle)?)?;
+        let values = rest.get(4 + length..).ok_or_else(foreign_handle)?;
+        let mut reader =
+            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(values), None)
+                .map_err(|_| foreign_handle())?;
+        let parameters = reader
+            .next()
+            .transpose()
+            .map_err(|_| foreign_handle())?
+            .ok_or_else(foreign_handle)?;
+        Ok(Self {
+            sql,
+            parameters: Some(parameters),
+        })
+    }
+}
+
+/// `$3` → 3, for listing parameters in order (a named one after the numbered).
+fn parameter_position(name: &str) -> (usize, String) {
+    let number = name.trim_start_matches('$').parse().unwrap_or(usize::MAX);
+    (number, name.to_string())
 }
 
 #[tonic::async_trait]
@@ -363,8 +473,12 @@ impl FlightSqlService for SqlEndpoint {
         let ticket = TicketStatementQuery {
             statement_handle: query.query.clone().into_bytes().into(),
         };
-        self.flight_info(&query.query, &ticket, request.into_inner())
-            .await
+        self.flight_info(
+            &Prepared::unbound(query.query.clone()),
+            &ticket,
+            request.into_inner(),
+        )
+        .await
     }
 
     async fn get_flight_info_prepared_statement(
@@ -372,8 +486,9 @@ impl FlightSqlService for SqlEndpoint {
         query: CommandPreparedStatementQuery,
         request: Request<FlightDescriptor>,
     ) -> Result<Response<FlightInfo>, Status> {
-        let sql = statement_text(&query.prepared_statement_handle)?;
-        self.flight_info(&sql, &query, request.into_inner()).await
+        let statement = Prepared::from_handle(&query.prepared_statement_handle)?;
+        self.flight_info(&statement, &query, request.into_inner())
+            .await
     }
 
     async fn do_get_statement(
@@ -382,7 +497,7 @@ impl FlightSqlService for SqlEndpoint {
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
         let sql = statement_text(&ticket.statement_handle)?;
-        self.run(&sql, peer(&request)).await
+        self.run(&Prepared::unbound(sql), peer(&request)).await
     }
 
     async fn do_get_prepared_statement(
@@ -390,12 +505,13 @@ impl FlightSqlService for SqlEndpoint {
         query: CommandPreparedStatementQuery,
         request: Request<Ticket>,
     ) -> Result<Response<DoGetStream>, Status> {
-        let sql = statement_text(&query.prepared_statement_handle)?;
-        self.run(&sql, peer(&request)).await
+        let statement = Prepared::from_handle(&query.prepared_statement_handle)?;
+        self.run(&statement, peer(&request)).await
     }
 
-    /// A prepared statement is its text (parameters are not supported): planned now to check
-    /// it and give its schema, planned again when run, against the session as it is then.
+    /// A prepared statement is its text (and, once bound, its parameters' values, see
+    /// `do_put_prepared_statement_query`): planned now to check it and give its schemas, planned
+    /// again when run, against the session as it is then.
     async fn do_action_create_prepared_statement(
         &self,
         query: ActionCreatePreparedStatementRequest,
@@ -403,15 +519,86 @@ impl FlightSqlService for SqlEndpoint {
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let plan = self.plan(&query.query).await?;
         let schema = plan.schema().as_arrow().clone();
-        let IpcMessage(dataset_schema) = SchemaAsIpc::new(&schema, &IpcWriteOptions::default())
-            .try_into()
-            .map_err(|e: arrow::error::ArrowError| {
-                Status::internal(format!("encoding the result's schema: {e}"))
-            })?;
+        // The parameters in order, typed where the statement says how they are used.
+        let mut parameters: Vec<_> = plan
+            .get_parameter_types()
+            .map_err(status_of)?
+            .into_iter()
+            .collect();
+        parameters.sort_by_key(|(name, _)| parameter_position(name));
+        let parameters = arrow::datatypes::Schema::new(
+            parameters
+                .into_iter()
+                .map(|(name, data_type)| {
+                    arrow::datatypes::Field::new(
+                        name,
+                        data_type.unwrap_or(arrow::datatypes::DataType::Null),
+                        true,
+                    )
+                })
+                .collect::<Vec<_>>(),
+        );
+        let ipc = |schema: &arrow::datatypes::Schema| {
+            SchemaAsIpc::new(schema, &IpcWriteOptions::default())
+                .try_into()
+                .map(|IpcMessage(bytes)| bytes)
+                .map_err(|e: arrow::error::ArrowError| {
+                    Status::internal(format!("encoding a schema: {e}"))
+                })
+        };
+        let parameter_schema = if parameters.fields().is_empty() {
+            Default::default()
+        } else {
+            ipc(&parameters)?
+        };
         Ok(ActionCreatePreparedStatementResult {
             prepared_statement_handle: query.query.into_bytes().into(),
-            dataset_schema,
-            parameter_schema: Default::default(),
+            dataset_schema: ipc(&schema)?,
+            parameter_schema,
+        })
+    }
+
+    /// A client binds values to a prepared statement's parameters: one row, a column per
+    /// parameter in order. The answer is a new handle that carries them (checked by planning
+    /// the statement with them now).
+    async fn do_put_prepared_statement_query(
+        &self,
+        query: CommandPreparedStatementQuery,
+        request: Request<PeekableFlightDataStream>,
+    ) -> Result<DoPutPreparedStatementResult, Status> {
+        let statement = Prepared::from_handle(&query.prepared_statement_handle)?;
+        let mut batches = FlightRecordBatchStream::new_from_flight_data(
+            request
+                .into_inner()
+                .map_err(|status| FlightError::Tonic(Box::new(status))),
+        );
+        let mut values: Option<RecordBatch> = None;
+        while let Some(batch) = batches
+            .try_next()
+            .await
+            .map_err(|e| Status::invalid_argument(format!("reading the parameters' values: {e}")))?
+        {
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            if values.is_some() || batch.num_rows() != 1 {
+                return Err(Status::invalid_argument(
+                    "bind one row of parameter values at a time: this server runs a prepared \
+                     statement for one set of values",
+                ));
+            }
+            values = Some(batch);
+        }
+        let Some(values) = values else {
+            return Err(Status::invalid_argument("no parameter values were sent"));
+        };
+        let bound = Prepared {
+            sql: statement.sql,
+            parameters: Some(values),
+        };
+        self.plan_bound(&bound).await?;
+        Ok(DoPutPreparedStatementResult {
+            prepared_statement_handle: Some(bound.handle()?),
         })
     }
 

@@ -196,6 +196,40 @@ async fn answers_equal_the_local_engine_for_statements_and_prepared_statements()
     let served = fetch(&mut c, info).await.unwrap();
     prepared.close().await.unwrap();
     assert_eq!(text(&served), text(&local_query(&reference, &sql).await));
+    // With a parameter, bound by the client for each run (a lookup by key, as an application
+    // sends it); its type comes back in the parameter schema.
+    let template = "SELECT * FROM knn_join((SELECT * FROM docs WHERE doc_id = $1), docs, \
+                    'cosine', 5, 'device=cpu') ORDER BY rank";
+    let mut prepared = c.prepare(template.to_string(), None).await.unwrap();
+    let parameters = prepared.parameter_schema().unwrap().clone();
+    assert_eq!(parameters.fields().len(), 1, "{parameters:?}");
+    assert_eq!(parameters.field(0).name(), "$1");
+    let (code, message) = refusal(prepared.execute().await.map(|_| Vec::new()));
+    assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+    assert!(message.contains("$1"), "{message}");
+    for id in [doc(5), doc(9)] {
+        let value = arrow::array::Int64Array::from(vec![id]);
+        let batch = RecordBatch::try_from_iter([("$1", std::sync::Arc::new(value) as _)]).unwrap();
+        prepared.set_parameters(batch).unwrap();
+        let info = prepared.execute().await.unwrap();
+        let served = fetch(&mut c, info).await.unwrap();
+        assert_eq!(
+            text(&served),
+            text(&local_query(&reference, &lookup(id)).await),
+            "doc_id = {id}"
+        );
+    }
+    // Two rows of values at once are refused with a reason.
+    let two = arrow::array::Int64Array::from(vec![doc(1), doc(2)]);
+    prepared
+        .set_parameters(
+            RecordBatch::try_from_iter([("$1", std::sync::Arc::new(two) as _)]).unwrap(),
+        )
+        .unwrap();
+    let (code, message) = refusal(prepared.execute().await.map(|_| Vec::new()));
+    assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
+    assert!(message.contains("one row"), "{message}");
+    prepared.close().await.unwrap();
     // A bad statement is the client's error, with DataFusion's message; the server goes on.
     let (code, message) = refusal(query(&mut c, "SELECT * FROM no_such_table").await);
     assert_eq!(code, tonic::Code::InvalidArgument, "{message}");
