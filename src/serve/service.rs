@@ -116,15 +116,11 @@ impl SqlEndpoint {
     async fn plan_bound(&self, statement: &Prepared) -> Result<LogicalPlan, Status> {
         let plan = self.plan(&statement.sql).await?;
         let Some(values) = &statement.parameters else {
-            let mut names: Vec<String> = plan
-                .get_parameter_types()
-                .map_err(status_of)?
-                .into_keys()
-                .collect();
-            if names.is_empty() {
+            let parameters = parameters_of(&plan)?;
+            if parameters.is_empty() {
                 return Ok(plan);
             }
-            names.sort_by_key(|name| parameter_position(name));
+            let names: Vec<_> = parameters.into_iter().map(|(name, _)| name).collect();
             return Err(Status::invalid_argument(format!(
                 "the statement has parameters ({}): bind values to them (a prepared statement's \
                  parameters)",
@@ -437,10 +433,21 @@ impl Prepared {
     }
 }
 
-/// `$3` → 3, for listing parameters in order (a named one after the numbered).
-fn parameter_position(name: &str) -> (usize, String) {
-    let number = name.trim_start_matches('$').parse().unwrap_or(usize::MAX);
-    (number, name.to_string())
+/// A statement's parameters in order (`$1`, `$2`, ..., a named one after the numbered), typed
+/// where the statement says how they are used.
+fn parameters_of(
+    plan: &LogicalPlan,
+) -> Result<Vec<(String, Option<arrow::datatypes::DataType>)>, Status> {
+    let mut parameters: Vec<_> = plan
+        .get_parameter_types()
+        .map_err(status_of)?
+        .into_iter()
+        .collect();
+    parameters.sort_by_cached_key(|(name, _)| {
+        let number = name.trim_start_matches('$').parse().unwrap_or(usize::MAX);
+        (number, name.clone())
+    });
+    Ok(parameters)
 }
 
 #[tonic::async_trait]
@@ -519,15 +526,8 @@ impl FlightSqlService for SqlEndpoint {
     ) -> Result<ActionCreatePreparedStatementResult, Status> {
         let plan = self.plan(&query.query).await?;
         let schema = plan.schema().as_arrow().clone();
-        // The parameters in order, typed where the statement says how they are used.
-        let mut parameters: Vec<_> = plan
-            .get_parameter_types()
-            .map_err(status_of)?
-            .into_iter()
-            .collect();
-        parameters.sort_by_key(|(name, _)| parameter_position(name));
         let parameters = arrow::datatypes::Schema::new(
-            parameters
+            parameters_of(&plan)?
                 .into_iter()
                 .map(|(name, data_type)| {
                     arrow::datatypes::Field::new(
@@ -552,7 +552,7 @@ impl FlightSqlService for SqlEndpoint {
             ipc(&parameters)?
         };
         Ok(ActionCreatePreparedStatementResult {
-            prepared_statement_handle: query.query.into_bytes().into(),
+            prepared_statement_handle: Prepared::unbound(query.query).handle()?,
             dataset_schema: ipc(&schema)?,
             parameter_schema,
         })

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::{Array, RecordBatch};
+use arrow::array::RecordBatch;
 use arrow::compute::concat_batches;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_err, DataFusionError, Result};
@@ -552,14 +552,14 @@ async fn read_mask(
     let batches = datafusion::physical_plan::collect(plan, in_order).await?;
     let mut pass = Vec::with_capacity(rows);
     for batch in &batches {
-        let Some(column) = batch
-            .columns()
-            .first()
-            .and_then(|c| c.as_any().downcast_ref::<arrow::array::BooleanArray>())
-        else {
+        let Some(column) = batch.columns().first() else {
             return exec_err!("{name}: the right side's filter did not give a Boolean column");
         };
-        pass.extend((0..column.len()).map(|i| column.is_valid(i) && column.value(i)));
+        pass.extend(&super::kept_left::passing_bits(
+            column.as_ref(),
+            name,
+            "right",
+        )?);
     }
     if pass.len() != rows {
         return exec_err!(

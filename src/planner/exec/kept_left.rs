@@ -7,12 +7,13 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, UInt32Array};
+use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::SchemaRef;
 use datafusion::common::{exec_err, Result};
 use datafusion::physical_expr::PhysicalExpr;
 use rayon::prelude::*;
 
-use crate::index::KeptSide;
+use crate::index::KeptVectors;
 
 /// Where each left column comes from in the kept side, and which rows the left side is.
 #[derive(Debug)]
@@ -23,18 +24,15 @@ pub struct LeftFromKept {
     pub columns: Vec<Option<usize>>,
 }
 
-/// The left rows `left` picks from `side`, in the side's row order, a batch per run of rows
-/// read together; None where the side keeps no vectors.
+/// The left rows `left` picks from a kept side (its other columns and its `vectors`), in the
+/// side's row order, a batch per run of rows read together.
 pub(super) fn left_rows(
-    side: &KeptSide,
+    others: &RecordBatch,
+    vectors: &KeptVectors,
     left: &LeftFromKept,
     schema: &SchemaRef,
     name: &str,
-) -> Result<Option<Vec<RecordBatch>>> {
-    let Some(vectors) = &side.vectors else {
-        return Ok(None);
-    };
-    let others = &side.others;
+) -> Result<Vec<RecordBatch>> {
     let passed = rows_passing(left.predicate.as_ref(), others, name, "left")?;
     let rows: Vec<u32> = passed
         .par_iter()
@@ -56,7 +54,7 @@ pub(super) fn left_rows(
             .collect::<Result<Vec<ArrayRef>>>()?;
         batches.push(RecordBatch::try_new(Arc::clone(schema), columns)?);
     }
-    Ok(Some(batches))
+    Ok(batches)
 }
 
 /// Rows of `batch` a slice evaluates at once (see [`rows_passing`]).
@@ -80,14 +78,7 @@ pub(super) fn rows_passing(
             let values = predicate
                 .evaluate(&batch.slice(start, len))?
                 .into_array(len)?;
-            let Some(pass) = values.as_any().downcast_ref::<BooleanArray>() else {
-                return exec_err!("{name}: the {side} side's filter did not give a Boolean column");
-            };
-            let bits = match pass.nulls() {
-                Some(valid) => pass.values() & valid.inner(),
-                None => pass.values().clone(),
-            };
-            Ok(bits.iter().collect())
+            Ok(passing_bits(values.as_ref(), name, side)?.iter().collect())
         })
         .collect();
     let mut flags = Vec::with_capacity(rows);
@@ -95,4 +86,15 @@ pub(super) fn rows_passing(
         flags.extend(slice?);
     }
     Ok(flags)
+}
+
+/// A filter's answer as a bitmap of the rows that pass: a NULL does not, as in a WHERE.
+pub(super) fn passing_bits(values: &dyn Array, name: &str, side: &str) -> Result<BooleanBuffer> {
+    let Some(pass) = values.as_any().downcast_ref::<BooleanArray>() else {
+        return exec_err!("{name}: the {side} side's filter did not give a Boolean column");
+    };
+    Ok(match pass.nulls() {
+        Some(valid) => pass.values() & valid.inner(),
+        None => pass.values().clone(),
+    })
 }

@@ -96,12 +96,18 @@ pub(super) fn probe_stream(parts: StreamParts) -> impl Stream<Item = Result<Reco
                                 Arc::clone(left),
                                 Arc::clone(&left_schema),
                             );
-                            SpawnedTask::spawn_blocking(move || {
-                                super::kept_left::left_rows(&side, &left, &schema, name)
+                            SpawnedTask::spawn_blocking(move || match &side.vectors {
+                                Some(vectors) => super::kept_left::left_rows(
+                                    &side.others,
+                                    vectors,
+                                    &left,
+                                    &schema,
+                                    name,
+                                ),
+                                None => Ok(Vec::new()),
                             })
                             .await
                             .map_err(|e| DataFusionError::External(Box::new(e)))??
-                            .unwrap_or_default()
                         } else {
                             Vec::new()
                         };
