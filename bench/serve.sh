@@ -7,7 +7,7 @@
 #   ROWS=11000000 CLIENTS=64 DEVICE=gpu bench/serve.sh
 #
 # Knobs: BIN (default target/release/sparse-knn), WORK (data and logs, default bench/data/serve),
-# PORT (default 50061). Prints the bench's line (statements/s, p50/p90/p99/max latency) and the
+# PORT (default 50061), BASELINE=0 to skip the back-to-back run (an old binary against a new). Prints the bench's line (statements/s, p50/p90/p99/max latency) and the
 # baseline's lookups/s; the server's log is WORK/serve.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -50,6 +50,7 @@ grep -q "sparse-knn serve: listening on" "$WORK/serve.log" || { echo "the server
 RUST_LOG=warn "$BIN" bench serve --server "grpc://127.0.0.1:$PORT" --statements "$WORK/lookups.sql" --clients "$CLIENTS"
 kill $SERVER; wait $SERVER 2>/dev/null || true
 
+[ "${BASELINE:-1}" = 0 ] && exit 0
 echo "== the same lookups back to back in one sparse-knn sql process"
 "$BIN" sql --timing "$WORK/warmup.sql" "$WORK/lookups.sql" 2>&1 >/dev/null \
     | python3 -c '

@@ -214,11 +214,7 @@ impl Fitted {
                 (Some(left), Some(members)) => self.built.index.probe_grouped_metric(
                     &self.metric,
                     &run,
-                    GroupedProbe {
-                        left: &left[first..first + run.len()],
-                        members,
-                        filter: None,
-                    },
+                    GroupedProbe::new(&left[first..first + run.len()], members, None),
                     selection,
                     options,
                 )?,

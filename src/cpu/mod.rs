@@ -82,8 +82,8 @@ impl JoinIndex for CpuIndex {
         let valid: Vec<bool> = self
             .valid
             .iter()
-            .zip(mask.as_slice())
-            .map(|(&v, &m)| v & m)
+            .zip(mask.bits().iter())
+            .map(|(&v, m)| v & m)
             .collect();
         self.probe_valid(left, selection, options, cancel, &valid)
     }

@@ -482,7 +482,7 @@ impl JoinIndex for GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        if !self.masks_on_device(selection) || groups.members.right_rows() != self.rows() {
+        if !self.masks_on_device(selection) || groups.rows != self.rows() {
             return probe_within_groups(self, left, groups, selection, options, cancel);
         }
         self.probed(self.probe_counted_masked(
@@ -491,7 +491,7 @@ impl JoinIndex for GpuIndex {
             options,
             cancel,
             groups.filter,
-            Some((groups.left, groups.members.right_groups())),
+            Some((groups.left, groups.right_groups())),
         ))
     }
 

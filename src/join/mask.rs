@@ -9,10 +9,9 @@
 //! failing rows inside its probe (the CPU: `Keep`'s valid flags) overrides
 //! [`JoinIndex::probe_masked`](super::JoinIndex::probe_masked).
 
-use std::sync::Arc;
-
+use arrow::buffer::{BooleanBuffer, MutableBuffer};
+use arrow::util::bit_util;
 use datafusion::common::Result;
-use rayon::prelude::*;
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
@@ -20,50 +19,43 @@ use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
 use crate::vector::SparseBatch;
 
-/// Which right rows pass a filter: a view of consecutive rows of one mask (a shard of the right
-/// side sees its own rows).
+/// Which right rows pass a filter: a bit a row (a filter's Boolean answer as DataFusion gives it,
+/// unpacked nowhere: 11M rows are 1.4 MB, handed to the GPU's valid bits as they are), a view of
+/// consecutive rows of one mask (a shard of the right side sees its own rows).
 #[derive(Debug, Clone)]
 pub struct RowMask {
-    rows: Arc<[bool]>,
-    first: usize,
-    len: usize,
+    bits: BooleanBuffer,
     passing: usize,
 }
 
 impl RowMask {
     /// The mask of `pass` (one flag a right row, in row order).
     pub fn new(pass: Vec<bool>) -> Self {
-        let passing = pass.par_iter().filter(|&&p| p).count();
-        let len = pass.len();
-        RowMask {
-            rows: pass.into(),
-            first: 0,
-            len,
-            passing,
-        }
+        Self::from_bits(BooleanBuffer::from(pass))
     }
 
-    /// The mask of `len` rows that passes `rows` alone (sorted, distinct, each below `len`).
+    /// The mask whose bit `i` says whether right row `i` passes.
+    pub fn from_bits(bits: BooleanBuffer) -> Self {
+        let passing = bits.count_set_bits();
+        RowMask { bits, passing }
+    }
+
+    /// The mask of `len` rows that passes `rows` alone (each below `len`).
     pub fn from_rows(len: usize, rows: &[u32]) -> Self {
-        let mut pass = vec![false; len];
+        let mut bits = MutableBuffer::from_len_zeroed(len.div_ceil(8));
         for &r in rows {
-            pass[r as usize] = true;
+            bit_util::set_bit(bits.as_slice_mut(), r as usize);
         }
-        RowMask {
-            rows: pass.into(),
-            first: 0,
-            len,
-            passing: rows.len(),
-        }
+        Self::from_bits(BooleanBuffer::new(bits.into(), 0, len))
     }
 
     /// Right rows the mask covers.
     pub fn len(&self) -> usize {
-        self.len
+        self.bits.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.bits.is_empty()
     }
 
     /// Rows that pass.
@@ -73,36 +65,49 @@ impl RowMask {
 
     /// Whether every row passes (a probe then needs no mask).
     pub fn all_pass(&self) -> bool {
-        self.passing == self.len
+        self.passing == self.len()
     }
 
-    /// The flags, one a row of the view.
-    pub fn as_slice(&self) -> &[bool] {
-        &self.rows[self.first..self.first + self.len]
+    /// The bits, one a row of the view.
+    pub fn bits(&self) -> &BooleanBuffer {
+        &self.bits
     }
 
     /// Whether right row `row` (of the view) passes.
     pub fn allows(&self, row: usize) -> bool {
-        self.rows[self.first + row]
+        self.bits.value(row)
     }
 
     /// Rows `first..first + len` of the view, as a mask of their own (a shard's rows).
     pub fn slice(&self, first: usize, len: usize) -> RowMask {
-        let start = self.first + first;
-        let passing = self.rows[start..start + len].iter().filter(|&&p| p).count();
-        RowMask {
-            rows: Arc::clone(&self.rows),
-            first: start,
-            len,
-            passing,
-        }
+        Self::from_bits(self.bits.slice(first, len))
     }
-}
 
-/// Bytes a mask holds.
-impl RowMask {
+    /// Rows `first..first + len` as 32-bit words, row `first + 32 w + b` at bit `b` of word `w`
+    /// and no bit set past the last row (the GPU kernels' valid bits).
+    pub fn words(&self, first: usize, len: usize) -> Vec<u32> {
+        let packed = self.bits.slice(first, len).sliced();
+        let bytes = packed.as_slice();
+        let mut words: Vec<u32> = bytes
+            .chunks(4)
+            .map(|w| {
+                let mut le = [0u8; 4];
+                le[..w.len()].copy_from_slice(w);
+                u32::from_le_bytes(le)
+            })
+            .collect();
+        words.truncate(len.div_ceil(32));
+        if len % 32 != 0 {
+            if let Some(last) = words.last_mut() {
+                *last &= (1u32 << (len % 32)) - 1;
+            }
+        }
+        words
+    }
+
+    /// Bytes a mask holds.
     pub fn memory_size(&self) -> usize {
-        self.rows.len()
+        self.len().div_ceil(8)
     }
 }
 
@@ -219,4 +224,60 @@ fn kept(pairs: &PairList, mask: &RowMask) -> PairList {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(n: usize, pass: impl Fn(usize) -> bool) -> Vec<bool> {
+        (0..n).map(pass).collect()
+    }
+
+    #[test]
+    fn words_hold_each_rows_bit_and_nothing_past_the_last_row() {
+        let pass = flags(1000, |i| i % 7 == 3 || i % 11 == 0);
+        let mask = RowMask::new(pass.clone());
+        assert_eq!(mask.passing(), pass.iter().filter(|&&p| p).count());
+        // Views that start on and off a byte and a word, and end mid-word.
+        for (first, len) in [
+            (0, 1000),
+            (0, 64),
+            (3, 61),
+            (31, 500),
+            (64, 936),
+            (999, 1),
+            (5, 0),
+        ] {
+            let words = mask.words(first, len);
+            assert_eq!(words.len(), len.div_ceil(32), "view {first}+{len}");
+            for (r, &expected) in pass[first..first + len].iter().enumerate() {
+                let got = words[r / 32] >> (r % 32) & 1 == 1;
+                assert_eq!(got, expected, "view {first}+{len}, row {r}");
+            }
+            let set: u32 = words.iter().map(|w| w.count_ones()).sum();
+            let expected = pass[first..first + len].iter().filter(|&&p| p).count();
+            assert_eq!(
+                set as usize, expected,
+                "bits past the view's last row, {first}+{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_slice_and_a_mask_of_rows_count_and_answer_like_the_flags() {
+        let pass = flags(300, |i| i % 5 == 0);
+        let mask = RowMask::new(pass.clone());
+        let shard = mask.slice(101, 150);
+        assert_eq!(shard.len(), 150);
+        assert_eq!(shard.passing(), (101..251).filter(|i| i % 5 == 0).count());
+        assert!((0..150).all(|r| shard.allows(r) == pass[101 + r]));
+
+        let rows = RowMask::from_rows(70, &[0, 9, 63, 64, 69]);
+        assert_eq!(rows.passing(), 5);
+        assert!((0..70).all(|r| rows.allows(r) == [0, 9, 63, 64, 69].contains(&r)));
+        assert!(!rows.all_pass());
+        assert!(RowMask::new(vec![true; 9]).all_pass());
+        assert_eq!(RowMask::from_rows(0, &[]).len(), 0);
+    }
 }

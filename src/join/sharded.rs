@@ -14,6 +14,7 @@ use super::matrix::{MatrixOut, MatrixRows};
 use super::merge::{merge_nearest, merge_within};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
+use super::within::GroupedProbe;
 use crate::metric::Metric;
 use crate::vector::SparseBatch;
 
@@ -140,6 +141,7 @@ impl ShardedIndex {
         selection: Selection,
         options: ProbeOptions,
         mask: Option<&RowMask>,
+        groups: Option<GroupedProbe<'_>>,
         cancel: &Cancel,
     ) -> Result<Probed> {
         let options = ProbeOptions {
@@ -147,16 +149,20 @@ impl ShardedIndex {
                 .exclude_self_from
                 .map(|first| first - shard.first_row as i64),
         };
-        let mut probed = match mask {
-            None => shard
-                .index
-                .probe_cancellable(left, selection, options, cancel)?,
-            Some(mask) => {
-                let mask = mask.slice(shard.first_row, shard.rows);
+        let mask = mask.map(|mask| mask.slice(shard.first_row, shard.rows));
+        let mut probed = match (groups, &mask) {
+            (Some(groups), mask) => {
+                let groups = groups.shard(shard.first_row, shard.rows, mask.as_ref());
                 shard
                     .index
-                    .probe_masked(left, selection, options, &mask, cancel)?
+                    .probe_grouped(left, groups, selection, options, cancel)?
             }
+            (None, None) => shard
+                .index
+                .probe_cancellable(left, selection, options, cancel)?,
+            (None, Some(mask)) => shard
+                .index
+                .probe_masked(left, selection, options, mask, cancel)?,
         };
         let offset = shard.first_row as u32;
         for part in &mut probed.parts {
@@ -175,9 +181,11 @@ impl ShardedIndex {
         selection: Selection,
         options: ProbeOptions,
         mask: Option<&RowMask>,
+        groups: Option<GroupedProbe<'_>>,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        let probe = |s: &Shard| Self::probe_shard(s, left, selection, options, mask, cancel);
+        let probe =
+            |s: &Shard| Self::probe_shard(s, left, selection, options, mask, groups, cancel);
         let results: Vec<Result<Probed>> = if self.parallel && self.shards.len() > 1 {
             std::thread::scope(|scope| {
                 let handles: Vec<_> = self
@@ -229,7 +237,7 @@ impl JoinIndex for ShardedIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        self.probe_shards(left, selection, options, None, cancel)
+        self.probe_shards(left, selection, options, None, None, cancel)
     }
 
     /// Each shard probed with its rows of the mask, merged as unmasked probes are.
@@ -241,7 +249,34 @@ impl JoinIndex for ShardedIndex {
         mask: &RowMask,
         cancel: &Cancel,
     ) -> Result<Probed> {
-        self.probe_shards(left, selection, options, Some(mask), cancel)
+        self.probe_shards(left, selection, options, Some(mask), None, cancel)
+    }
+
+    /// Each shard compares the groups of its own rows (on the GPU, in its kernels), merged as
+    /// unmasked probes are: the k nearest of a left row's group are the nearest of each shard's.
+    fn probe_grouped(
+        &self,
+        left: &SparseBatch,
+        groups: GroupedProbe<'_>,
+        selection: Selection,
+        options: ProbeOptions,
+        cancel: &Cancel,
+    ) -> Result<Probed> {
+        if groups.rows != self.shards.iter().map(|s| s.rows).sum::<usize>() {
+            return exec_err!(
+                "a grouped probe of {} rows for an index of {} rows",
+                groups.rows,
+                self.shards.iter().map(|s| s.rows).sum::<usize>()
+            );
+        }
+        self.probe_shards(
+            left,
+            selection,
+            options,
+            groups.filter,
+            Some(groups),
+            cancel,
+        )
     }
 
     fn memory_size(&self) -> usize {

@@ -83,12 +83,54 @@ impl GroupMembers {
 }
 
 /// A grouped probe's groups: the left rows' (from [`GroupMembers::left_groups`]), the right
-/// side's, and the right-side filter's rows where there is one.
+/// side's, and the right-side filter's rows where there is one. The probed index holds rows
+/// `first_row..first_row + rows` of `members` (all of them, or a shard's), and `filter` covers
+/// the index's rows.
 #[derive(Debug, Clone, Copy)]
 pub struct GroupedProbe<'a> {
     pub left: &'a [u32],
     pub members: &'a GroupMembers,
     pub filter: Option<&'a RowMask>,
+    pub first_row: usize,
+    pub rows: usize,
+}
+
+impl<'a> GroupedProbe<'a> {
+    /// The groups of an index of every row of `members`.
+    pub fn new(left: &'a [u32], members: &'a GroupMembers, filter: Option<&'a RowMask>) -> Self {
+        GroupedProbe {
+            left,
+            members,
+            filter,
+            first_row: 0,
+            rows: members.right_rows(),
+        }
+    }
+
+    /// The same groups for an index of rows `first..first + rows` of this one's, whose filter is
+    /// `filter` (a shard of the right side).
+    pub fn shard(&self, first: usize, rows: usize, filter: Option<&'a RowMask>) -> Self {
+        GroupedProbe {
+            filter,
+            first_row: self.first_row + first,
+            rows,
+            ..*self
+        }
+    }
+
+    /// The group of each of the index's rows.
+    pub fn right_groups(&self) -> &'a [u32] {
+        &self.members.right_groups()[self.first_row..self.first_row + self.rows]
+    }
+
+    /// The index's rows of group `g` (numbered from its first), in row order.
+    fn members_of(&self, g: u32) -> impl Iterator<Item = u32> + 'a {
+        let all = self.members.members(g);
+        let (first, end) = (self.first_row as u32, (self.first_row + self.rows) as u32);
+        let from = all.partition_point(|&r| r < first);
+        let to = all.partition_point(|&r| r < end);
+        all[from..to].iter().map(move |&r| r - first)
+    }
 }
 
 /// The pairs of `left` with the right rows of their own group that the filter passes, by any
@@ -103,12 +145,8 @@ pub fn probe_within_groups<I: JoinIndex + ?Sized>(
     options: ProbeOptions,
     cancel: &Cancel,
 ) -> Result<Probed> {
-    let GroupedProbe {
-        left: left_groups,
-        members,
-        filter,
-    } = groups;
-    let n = members.right_rows();
+    let (left_groups, filter) = (groups.left, groups.filter);
+    let n = groups.rows;
     // Left rows by group, in row order within each; groups in order of first appearance.
     let mut order: Vec<u32> = Vec::new();
     let mut by_group: std::collections::HashMap<u32, Vec<usize>> = Default::default();
@@ -142,13 +180,11 @@ pub fn probe_within_groups<I: JoinIndex + ?Sized>(
             cancel.check()?;
             let rows = &by_group[g];
             let passing: Vec<u32> = match filter {
-                Some(mask) => members
-                    .members(*g)
-                    .iter()
-                    .copied()
+                Some(mask) => groups
+                    .members_of(*g)
                     .filter(|&r| mask.allows(r as usize))
                     .collect(),
-                None => members.members(*g).to_vec(),
+                None => groups.members_of(*g).collect(),
             };
             if passing.is_empty() {
                 return Ok(None);
@@ -246,11 +282,7 @@ mod tests {
         members: &'a GroupMembers,
         filter: Option<&'a RowMask>,
     ) -> GroupedProbe<'a> {
-        GroupedProbe {
-            left,
-            members,
-            filter,
-        }
+        GroupedProbe::new(left, members, filter)
     }
 
     fn at(points: &[Option<f32>]) -> SparseBatch {

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Float64Type, Int32Type, Int64Type, Schema};
 use datafusion::prelude::SessionContext;
+use datafusion_sparse_knn::join::PairList;
 use datafusion_sparse_knn::metric::MetricKind;
 use datafusion_sparse_knn::vector::VectorCheck;
 use datafusion_sparse_knn::SparseBatch;
@@ -447,6 +448,26 @@ pub fn assert_same_pairs(got: &[(i64, i64, f64, i32)], want: &[(i64, i64, f64, i
             assert!(close(other.2, g.2), "{what}: pair {i}: {g:?} against {w:?}");
         }
     }
+}
+
+/// (left, right, distance, rank within the left row) of a probe's pairs (left row order, then rank).
+pub fn ranked(pairs: &PairList) -> Vec<(i64, i64, f64, i32)> {
+    let mut out = Vec::with_capacity(pairs.len());
+    let mut rank = 0;
+    for i in 0..pairs.len() {
+        rank = if i > 0 && pairs.left[i] == pairs.left[i - 1] {
+            rank + 1
+        } else {
+            0
+        };
+        out.push((
+            pairs.left[i] as i64,
+            pairs.right[i] as i64,
+            pairs.distance[i],
+            rank,
+        ));
+    }
+    out
 }
 
 /// Raw counts in the thousands, as users' bag-of-words and single-cell data have.

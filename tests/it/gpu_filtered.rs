@@ -111,11 +111,7 @@ fn grouped_gpu_probes_answer_as_the_cpu() {
                     index
                         .probe_grouped(
                             &left,
-                            GroupedProbe {
-                                left: &groups,
-                                members: &members,
-                                filter: mask,
-                            },
+                            GroupedProbe::new(&groups, &members, mask),
                             selection,
                             ProbeOptions::default(),
                             &Cancel::new(),

@@ -11,6 +11,7 @@ mod custom_metric;
 mod docs;
 mod filtered;
 mod gpu;
+mod gpu_coalesce;
 mod gpu_filtered;
 mod gpu_matrix;
 mod gpu_sql;

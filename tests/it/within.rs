@@ -201,3 +201,74 @@ async fn a_within_column_must_be_a_key_of_both_inputs() {
         "{err}"
     );
 }
+
+/// A right side in shards (past 2^31 entries, or over several GPUs): each shard compares the
+/// groups of its own rows, and the merged answer is that of one index of every row, with and
+/// without a filter, for every metric.
+#[test]
+fn a_sharded_index_answers_a_grouped_probe_as_one_index() {
+    use arrow::array::{ArrayRef, Int64Array};
+    use datafusion_sparse_knn::cpu::CpuIndex;
+    use datafusion_sparse_knn::join::{
+        Cancel, GroupMembers, GroupedProbe, JoinIndex, ProbeOptions, RowMask, Selection, Shard,
+        ShardedIndex,
+    };
+    use datafusion_sparse_knn::metric::Metric;
+
+    let rows = counts(500, 51);
+    let right = common::batch(&rows);
+    let left = common::batch(&counts(40, 52));
+    let right_keys: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..500i64).map(|r| (r % 13 != 0).then_some(r % 5)),
+    ));
+    let left_keys: ArrayRef = Arc::new(Int64Array::from_iter(
+        (0..40i64).map(|r| (r % 7 != 0).then_some(r % 6)),
+    ));
+    let members = GroupMembers::build(&right_keys).unwrap();
+    let groups = members.left_groups(&left_keys).unwrap();
+    let filter = RowMask::new((0..500).map(|r| r % 3 != 1).collect());
+    for kind in MetricKind::all() {
+        let p = (kind == MetricKind::Minkowski).then_some(3.0);
+        let metric = Metric::from_kind(kind, p, kind.needs_dim().then_some(60)).unwrap();
+        let whole = CpuIndex::build(&right, &metric);
+        let cuts = [(0, 170), (170, 200), (370, 130)];
+        let shards = cuts
+            .iter()
+            .map(|&(first, n)| Shard {
+                first_row: first,
+                rows: n,
+                index: Box::new(CpuIndex::build(
+                    &common::batch(&rows[first..first + n]),
+                    &metric,
+                )) as Box<dyn JoinIndex>,
+            })
+            .collect();
+        let sharded = ShardedIndex::new(shards, kind.is_similarity(), false).unwrap();
+        for mask in [None, Some(&filter)] {
+            let probe = |index: &dyn JoinIndex| {
+                index
+                    .probe_grouped(
+                        &left,
+                        GroupedProbe::new(&groups, &members, mask),
+                        Selection::Nearest(6),
+                        ProbeOptions::default(),
+                        &Cancel::new(),
+                    )
+                    .unwrap()
+                    .into_pairs()
+            };
+            let (want, got) = (probe(&whole), probe(&sharded));
+            assert!(!want.is_empty(), "{kind:?}: the groups find rows");
+            for i in 0..got.len() {
+                let (l, r) = (got.left[i] as usize, got.right[i] as usize);
+                assert_eq!(groups[l], members.right_groups()[r], "{kind:?}: pair {i}");
+                assert!(mask.is_none_or(|m| m.allows(r)), "{kind:?}: pair {i}");
+            }
+            common::assert_same_pairs(
+                &common::ranked(&got),
+                &common::ranked(&want),
+                &format!("{kind:?}, filter {}", mask.is_some()),
+            );
+        }
+    }
+}

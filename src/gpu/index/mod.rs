@@ -37,6 +37,7 @@ use crate::metric::Semiring;
 use crate::vector::SparseBatch;
 
 mod certified;
+mod coalesce;
 mod exact;
 mod large_k;
 mod layout;
@@ -93,6 +94,8 @@ pub struct GpuIndex {
     /// Read by probes at once, each on a lane of the device.
     inner: Inner,
     stats: Mutex<GpuStats>,
+    /// Lookups waiting for a lane, launched together (`coalesce.rs`).
+    coalescer: coalesce::Coalescer,
 }
 
 impl std::fmt::Debug for GpuIndex {
@@ -307,6 +310,7 @@ impl GpuIndex {
                 radius_pairs_per_row: AtomicU64::new(DEFAULT_RADIUS_PAIRS_PER_ROW),
             },
             stats: Mutex::new(stats),
+            coalescer: Default::default(),
         }
     }
 
@@ -367,7 +371,16 @@ impl GpuIndex {
         options: ProbeOptions,
         cancel: &Cancel,
     ) -> Result<(PairList, GpuStats)> {
+        if self.coalesces(left, selection, options) {
+            return self.probe_coalesced(left, selection, cancel);
+        }
         self.probe_counted_masked(left, selection, options, cancel, None, None)
+    }
+
+    /// Launches that carried the probes of several callers at once (lookups that arrived while
+    /// every lane of the device was taken), and how many probes they carried in all.
+    pub fn launches_together(&self) -> (u64, u64) {
+        self.coalescer.together()
     }
 
     /// Whether a probe for `selection` can skip a mask's failing rows in the kernels (their

@@ -2,7 +2,6 @@
 //! the right side (resident, or streamed through the device), and the parts' answers merged.
 
 use datafusion::common::Result;
-use rayon::prelude::*;
 
 use super::super::device::{cuda_err, is_out_of_memory, Lanes};
 use super::super::launch::PartLaunch;
@@ -173,16 +172,8 @@ fn mask_bits(
     rows: usize,
     stats: &mut GpuStats,
 ) -> Result<cudarc::driver::CudaSlice<u32>> {
-    // A word of 32 rows' flags at a time, on every core (an 11M-row side is 11M flags a probe).
-    let flags = &mask.as_slice()[first_row..first_row + rows];
-    let passing: Vec<u32> = flags
-        .par_chunks(32)
-        .map(|word| {
-            word.iter()
-                .enumerate()
-                .fold(0u32, |bits, (b, &pass)| bits | (u32::from(pass) << b))
-        })
-        .collect();
+    // The mask's own bits (1.4 MB for 11M rows), word for word.
+    let passing = mask.words(first_row, rows);
     let bits = if part.all_valid {
         passing
     } else {

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use arrow::array::RecordBatch;
+use arrow::array::{BooleanBufferBuilder, RecordBatch};
 use arrow::compute::concat_batches;
 use datafusion::common::runtime::SpawnedTask;
 use datafusion::common::{exec_err, DataFusionError, Result};
@@ -77,8 +77,10 @@ pub(super) struct BuildMetrics {
     pub(super) built: Count,
     pub(super) reused: Count,
     pub(super) loaded: Count,
-    /// A filtered right side over a kept index: the rows its filter passed.
+    /// A filtered right side over a kept index: the rows its filter passed, and the time its
+    /// mask took (the predicate over the kept columns, or a read of the columns it needs).
     pub(super) rows_passed: Count,
+    pub(super) mask_time: Time,
 }
 
 impl BuildMetrics {
@@ -94,6 +96,7 @@ impl BuildMetrics {
             reused: MetricBuilder::new(metrics).global_counter("index_reused"),
             loaded: MetricBuilder::new(metrics).global_counter("index_loaded"),
             rows_passed: MetricBuilder::new(metrics).global_counter("rows_passed"),
+            mask_time: MetricBuilder::new(metrics).subset_time("mask_time", 0),
         }
     }
 }
@@ -124,10 +127,12 @@ impl BuildJob {
         let over_kept = self.mask_over_kept.take();
         let (context, name) = (Arc::clone(&self.context), self.name);
         let passed = self.metrics.rows_passed.clone();
+        let mask_time = self.metrics.mask_time.clone();
         let side = self.kept_side().await?;
         let mask = match mask_plan {
             None => None,
             Some(plan) => {
+                let _timer = mask_time.timer();
                 let mask = match over_kept {
                     Some(predicate) if side.others.num_rows() == side.rows => {
                         let side = Arc::clone(&side);
@@ -138,7 +143,7 @@ impl BuildJob {
                                 name,
                                 "right",
                             )
-                            .map(RowMask::new)
+                            .map(RowMask::from_bits)
                         })
                         .await
                         .map_err(|e| DataFusionError::External(Box::new(e)))??
@@ -550,12 +555,12 @@ async fn read_mask(
 ) -> Result<RowMask> {
     let in_order = crate::planner::gather::in_file_order(context);
     let batches = datafusion::physical_plan::collect(plan, in_order).await?;
-    let mut pass = Vec::with_capacity(rows);
+    let mut pass = BooleanBufferBuilder::new(rows);
     for batch in &batches {
         let Some(column) = batch.columns().first() else {
             return exec_err!("{name}: the right side's filter did not give a Boolean column");
         };
-        pass.extend(&super::kept_left::passing_bits(
+        pass.append_buffer(&super::kept_left::passing_bits(
             column.as_ref(),
             name,
             "right",
@@ -568,5 +573,5 @@ async fn read_mask(
             pass.len()
         );
     }
-    Ok(RowMask::new(pass))
+    Ok(RowMask::from_bits(pass.finish()))
 }

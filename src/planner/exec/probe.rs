@@ -101,11 +101,11 @@ impl ProbeJob {
                 let mut piece = match (&within, &probe_build.mask) {
                     (Some((members, groups)), mask) => index.probe_grouped(
                         left,
-                        GroupedProbe {
-                            left: &groups[offset..offset + left.len()],
+                        GroupedProbe::new(
+                            &groups[offset..offset + left.len()],
                             members,
-                            filter: mask.as_ref(),
-                        },
+                            mask.as_ref(),
+                        ),
                         selection,
                         options,
                         &cancel,
