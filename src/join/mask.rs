@@ -97,7 +97,7 @@ impl RowMask {
             })
             .collect();
         words.truncate(len.div_ceil(32));
-        if len % 32 != 0 {
+        if !len.is_multiple_of(32) {
             if let Some(last) = words.last_mut() {
                 *last &= (1u32 << (len % 32)) - 1;
             }
