@@ -30,6 +30,7 @@ use futures::future::{FutureExt, Shared};
 
 use super::identity::IndexKey;
 use super::kept::KeptSide;
+use super::segments::{MergeGuard, Merging, Segments};
 
 /// The default host bound when physical memory cannot be read and the pool is unbounded.
 const UNBOUNDED_POOL_DEFAULT: usize = 2 << 30;
@@ -71,6 +72,7 @@ impl Bound {
 #[derive(Default)]
 pub struct IndexCache {
     state: Mutex<State>,
+    merging: Arc<Merging>,
 }
 
 impl std::fmt::Debug for IndexCache {
@@ -114,9 +116,30 @@ pub(crate) struct Claim {
 
 impl Claim {
     /// Keeps `side` (within `bound`) and hands it to those waiting.
-    pub(crate) fn finish(mut self, side: &Arc<KeptSide>, pinned: Vec<RecordBatch>, bound: Bound) {
+    pub(crate) fn finish(self, side: &Arc<KeptSide>, pinned: Vec<RecordBatch>, bound: Bound) {
+        self.finish_with(side, pinned, None, bound)
+    }
+
+    /// [`Claim::finish`] for a side held in `segments`: it replaces the older versions of the
+    /// same side (their files changed since; their segments live on in this one).
+    pub(crate) fn finish_segmented(
+        self,
+        side: &Arc<KeptSide>,
+        segments: Arc<Segments>,
+        bound: Bound,
+    ) {
+        self.finish_with(side, Vec::new(), Some(segments), bound)
+    }
+
+    fn finish_with(
+        mut self,
+        side: &Arc<KeptSide>,
+        pinned: Vec<RecordBatch>,
+        segments: Option<Arc<Segments>>,
+        bound: Bound,
+    ) {
         self.cache
-            .insert(self.key.clone(), Arc::clone(side), pinned, bound);
+            .insert(self.key.clone(), Arc::clone(side), pinned, segments, bound);
         if let Some(done) = self.done.take() {
             let _ = done.send(Some(Arc::clone(side)));
         }
@@ -167,6 +190,8 @@ impl State {
 struct Entry {
     key: IndexKey,
     side: Arc<KeptSide>,
+    /// Where the side is held in segments: them, and what its versions share.
+    segments: Option<Arc<Segments>>,
     last_used: u64,
     /// The in-memory batches the key names by address.
     _pinned: Vec<RecordBatch>,
@@ -234,6 +259,51 @@ impl IndexCache {
         })
     }
 
+    /// The segment lists of the held sides of `shape` (the plan without its files, and the
+    /// index's shape), most recently used first: the segments a new version may take.
+    pub(crate) fn segments_for(&self, shape: &str) -> Vec<Arc<Segments>> {
+        let state = self.lock();
+        let mut held: Vec<(u64, Arc<Segments>)> = state
+            .entries
+            .iter()
+            .filter_map(|e| Some((e.last_used, e.segments.clone()?)))
+            .filter(|(_, s)| s.shape == shape)
+            .collect();
+        held.sort_by_key(|(used, _)| std::cmp::Reverse(*used));
+        held.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Puts a merged `side` in place of the one held in `before`, while the cache still holds
+    /// that one (a newer version or an eviction since makes the merge moot): false when not.
+    pub(crate) fn replace_merged(
+        &self,
+        before: &Arc<Segments>,
+        side: Arc<KeptSide>,
+        segments: Arc<Segments>,
+    ) -> bool {
+        let mut state = self.lock();
+        let Some(entry) = state
+            .entries
+            .iter_mut()
+            .find(|e| e.segments.as_ref().is_some_and(|s| Arc::ptr_eq(s, before)))
+        else {
+            return false;
+        };
+        entry.side = side;
+        entry.segments = Some(segments);
+        true
+    }
+
+    /// The right to merge the segments of `shape`'s side, unless a merge of them runs.
+    pub(crate) fn begin_merge(&self, shape: &str) -> Option<MergeGuard> {
+        self.merging.begin(shape)
+    }
+
+    /// Merges of segments running now (in the background, beside the statements).
+    pub fn merges_in_flight(&self) -> usize {
+        self.merging.in_flight()
+    }
+
     /// Counts a side taken from a build that this statement waited for.
     pub(crate) fn count_hit(&self) {
         self.lock().hits += 1;
@@ -241,9 +311,27 @@ impl IndexCache {
 
     /// Keeps `side` under `key` within `bound`, evicting the least recently used; a side
     /// larger than the whole bound is not kept.
-    fn insert(&self, key: IndexKey, side: Arc<KeptSide>, pinned: Vec<RecordBatch>, bound: Bound) {
+    fn insert(
+        &self,
+        key: IndexKey,
+        side: Arc<KeptSide>,
+        pinned: Vec<RecordBatch>,
+        segments: Option<Arc<Segments>>,
+        bound: Bound,
+    ) {
         let mut state = self.lock();
-        state.entries.retain(|e| e.key != key);
+        // An older version of the side (a segment of it lives on in this one) goes: its files
+        // changed, and it would count the shared segments twice.
+        state.entries.retain(|e| {
+            let older_version = match (&e.segments, &segments) {
+                (Some(held), Some(new)) => held
+                    .list
+                    .iter()
+                    .any(|old| new.list.iter().any(|s| Arc::ptr_eq(&s.side, &old.side))),
+                _ => false,
+            };
+            e.key != key && !older_version
+        });
         let (host, device) = (side.host_bytes, side.device_bytes);
         if !bound.fits(host, device) {
             // Said once a side: a later statement over the same data builds it again, and the
@@ -265,6 +353,7 @@ impl IndexCache {
         state.entries.push(Entry {
             key,
             side,
+            segments,
             last_used,
             _pinned: pinned,
         });

@@ -29,7 +29,7 @@ const HEADS_IN_FLIGHT: usize = 16;
 
 /// One scanned file as it is now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct FileStamp {
+pub(crate) struct FileStamp {
     store: String,
     location: String,
     size: u64,
@@ -47,6 +47,37 @@ pub struct IndexKey {
     /// The addresses and lengths of the in-memory batches' buffers; the cache entry holds the
     /// batches themselves, so no other batch can take these addresses while it lives.
     memory: Vec<(usize, usize)>,
+}
+
+impl FileStamp {
+    /// The file's path in its store.
+    pub(crate) fn location(&self) -> &str {
+        &self.location
+    }
+
+    #[cfg(test)]
+    pub(crate) fn for_test(location: &str, size: u64) -> Self {
+        Self {
+            store: "file:///".to_string(),
+            location: location.to_string(),
+            size,
+            modified_ns: 0,
+            e_tag: None,
+            version: None,
+        }
+    }
+}
+
+impl IndexKey {
+    /// The files the side scans as they are now, in row order (one scan: its files).
+    pub(crate) fn files(&self) -> &[FileStamp] {
+        &self.files
+    }
+
+    /// What shapes the index besides its rows.
+    pub(crate) fn build(&self) -> &str {
+        &self.build
+    }
 }
 
 /// An identity and the in-memory batches it names (held by the cache entry).

@@ -36,9 +36,40 @@ pub(crate) struct KeptSide {
     /// `within=COLUMN`'s groups, by column of `others`: made by the first statement that asks,
     /// kept with the side (a new grouping costs a pass over one column, not a build).
     pub(crate) within_groups: Mutex<HashMap<usize, Arc<GroupMembers>>>,
+    /// A side held in segments (`segments.rs`): the segments' own sides, whose indexes are this
+    /// side's shards (held here with the memory they reserved). Empty for a side built whole.
+    pub(crate) segments: Vec<Arc<KeptSide>>,
 }
 
 impl KeptSide {
+    /// A side of no rows and no columns, for tests of what holds sides.
+    #[cfg(test)]
+    pub(crate) fn empty_for_test() -> Self {
+        let pool: Arc<dyn datafusion::execution::memory_pool::MemoryPool> =
+            Arc::new(datafusion::execution::memory_pool::UnboundedMemoryPool::default());
+        let index = crate::join::Backend::build(
+            &crate::cpu::CpuBackend,
+            &crate::vector::SparseBatch::from_rows(std::iter::empty()),
+            &crate::metric::Metric::new("cosine", None, None).expect("cosine"),
+        )
+        .expect("an empty index");
+        KeptSide {
+            index: Arc::from(index),
+            rows: 0,
+            input: None,
+            key_groups: None,
+            others: RecordBatch::new_empty(Arc::new(arrow::datatypes::Schema::empty())),
+            vectors: None,
+            host_bytes: 0,
+            device_bytes: 0,
+            _reservation: Arc::new(
+                datafusion::execution::memory_pool::MemoryConsumer::new("test").register(&pool),
+            ),
+            within_groups: Default::default(),
+            segments: Vec::new(),
+        }
+    }
+
     /// The groups of column `column` of `others` (see `within_groups`).
     pub(crate) fn groups_of(&self, column: usize) -> Result<Arc<GroupMembers>> {
         let mut held = self.within_groups.lock().unwrap_or_else(|e| e.into_inner());
@@ -77,6 +108,11 @@ impl KeptVectors {
             row += array.len();
         }
         Self { arrays, starts }
+    }
+
+    /// The arrays as read, one a batch.
+    pub(crate) fn arrays(&self) -> &[ArrayRef] {
+        &self.arrays
     }
 
     pub(crate) fn memory_size(&self) -> usize {

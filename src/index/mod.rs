@@ -14,6 +14,7 @@ mod cache;
 mod file;
 mod identity;
 mod kept;
+mod segments;
 mod table;
 
 use std::path::{Path, PathBuf};
@@ -31,8 +32,9 @@ use datafusion::prelude::SessionContext;
 pub use cache::IndexCache;
 pub(crate) use cache::{task_cache, Lookup};
 pub use file::FORMAT_VERSION;
-pub(crate) use identity::identify;
+pub(crate) use identity::{identify, FileStamp};
 pub(crate) use kept::{KeptSide, KeptVectors};
+pub(crate) use segments::{joined, merge_groups, reuse, Part, Segment, Segments};
 pub(crate) use table::stored_source;
 pub use table::{IndexScanExec, IndexTable};
 

@@ -1,5 +1,6 @@
 //! The one interface between the planner's operators and a backend.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use datafusion::common::Result;
@@ -204,7 +205,7 @@ pub fn join_shards(
         shards.push(Shard {
             first_row,
             rows,
-            index,
+            index: Arc::from(index),
         });
         first_row += rows;
     }

@@ -3,7 +3,7 @@
 //! per GPU. A probe asks every shard for its own answer and merges them, so the result is the one
 //! a single index over all rows would give, ties included (merges order ties by global row).
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
@@ -95,11 +95,12 @@ pub fn split_row_ranges(pieces: Vec<SparseBatch>, target: usize) -> Vec<Vec<Spar
     chunks
 }
 
-/// One row range of the right side and its index.
+/// One row range of the right side and its index (shared: a kept side's segments are the shards
+/// of every later side that grows from it).
 pub struct Shard {
     pub first_row: usize,
     pub rows: usize,
-    pub index: Box<dyn JoinIndex>,
+    pub index: Arc<dyn JoinIndex>,
 }
 
 /// Several shards probed as one index.

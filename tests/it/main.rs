@@ -28,5 +28,6 @@ mod s3;
 #[cfg(feature = "serve")]
 mod serve;
 mod shell;
+mod slt;
 mod vector_input;
 mod within;

@@ -237,10 +237,10 @@ fn a_sharded_index_answers_a_grouped_probe_as_one_index() {
             .map(|&(first, n)| Shard {
                 first_row: first,
                 rows: n,
-                index: Box::new(CpuIndex::build(
+                index: Arc::new(CpuIndex::build(
                     &common::batch(&rows[first..first + n]),
                     &metric,
-                )) as Box<dyn JoinIndex>,
+                )) as Arc<dyn JoinIndex>,
             })
             .collect();
         let sharded = ShardedIndex::new(shards, kind.is_similarity(), false).unwrap();

@@ -81,6 +81,10 @@ pub(super) struct BuildMetrics {
     /// mask took (the predicate over the kept columns, or a read of the columns it needs).
     pub(super) rows_passed: Count,
     pub(super) mask_time: Time,
+    /// The rows this statement read and indexed (all of them for a build, none for a side taken
+    /// from the cache, the new files' rows for a side that grew), and the side's segments.
+    pub(super) rows_indexed: Count,
+    pub(super) segments: Gauge,
 }
 
 impl BuildMetrics {
@@ -97,6 +101,8 @@ impl BuildMetrics {
             loaded: MetricBuilder::new(metrics).global_counter("index_loaded"),
             rows_passed: MetricBuilder::new(metrics).global_counter("rows_passed"),
             mask_time: MetricBuilder::new(metrics).subset_time("mask_time", 0),
+            rows_indexed: MetricBuilder::new(metrics).global_counter("rows_indexed"),
+            segments: MetricBuilder::new(metrics).global_gauge("index_segments"),
         }
     }
 }
@@ -129,6 +135,7 @@ impl BuildJob {
         let passed = self.metrics.rows_passed.clone();
         let mask_time = self.metrics.mask_time.clone();
         let side = self.kept_side().await?;
+        self.metrics.segments.set(side.segments.len().max(1));
         let mask = match mask_plan {
             None => None,
             Some(plan) => {
@@ -202,8 +209,22 @@ impl BuildJob {
                 }
                 Lookup::Build(claim) => claim,
             };
-            let side = Arc::new(self.build().await?);
-            claim.finish(&side, identity.pinned, bound);
+            let runs = super::grow::FileRuns::of(
+                &self.right,
+                identity.key.files(),
+                identity.key.build(),
+                &self.spec.options.exclude_self,
+            );
+            let Some(runs) = runs else {
+                let side = Arc::new(self.build().await?);
+                claim.finish(&side, identity.pinned, bound);
+                return Ok(side);
+            };
+            let (side, segments) = self
+                .build_in_segments(&cache, &runs, identity.key.files())
+                .await?;
+            claim.finish_segmented(&side, Arc::clone(&segments), bound);
+            self.merge_later(cache, segments, runs);
             return Ok(side);
         }
     }
@@ -247,12 +268,14 @@ impl BuildJob {
 
     /// The index an index store under the right input holds or loads for this join (None when
     /// the right input is no such store, or reads its vectors from another column).
-    async fn stored_index(&self) -> Result<Option<Arc<dyn JoinIndex>>> {
-        let Some(source) = crate::index::stored_source(crate::planner::gathered(&self.right))
-        else {
+    async fn stored_index(
+        &self,
+        right: &Arc<dyn ExecutionPlan>,
+    ) -> Result<Option<Arc<dyn JoinIndex>>> {
+        let Some(source) = crate::index::stored_source(crate::planner::gathered(right)) else {
             return Ok(None);
         };
-        let schema = self.right.schema();
+        let schema = right.schema();
         if schema.field(self.layout.right_vector).name() != source.vector_column() {
             return Ok(None);
         }
@@ -270,8 +293,15 @@ impl BuildJob {
         Ok(Some(index))
     }
 
-    async fn build(&mut self) -> Result<KeptSide> {
-        let stored = self.stored_index().await?;
+    /// The side of the right input, read and built whole.
+    pub(super) async fn build(&mut self) -> Result<KeptSide> {
+        let right = Arc::clone(&self.right);
+        self.build_from(right).await
+    }
+
+    /// The side of `right`: the right input, or it restricted to some of its files (a segment).
+    pub(super) async fn build_from(&mut self, right: Arc<dyn ExecutionPlan>) -> Result<KeptSide> {
+        let stored = self.stored_index(&right).await?;
         if stored.is_none() {
             self.metrics.built.add(1);
         }
@@ -281,7 +311,7 @@ impl BuildJob {
                 .register(self.context.memory_pool()),
         );
         // The gathered input's own partitions, read side by side below and kept in order.
-        let source = Arc::clone(crate::planner::gather::gathered(&self.right));
+        let source = Arc::clone(crate::planner::gather::gathered(&right));
         let partitions = source.output_partitioning().partition_count();
         let in_order = crate::planner::gather::in_file_order(&self.context);
         let started = Instant::now();
@@ -294,7 +324,7 @@ impl BuildJob {
             }
             .warm_up(&self.spec.metric);
         }
-        let right_schema = self.right.schema();
+        let right_schema = right.schema();
         let vector_name = right_schema.field(self.layout.right_vector).name().clone();
         // Each partition is read (and its vectors converted) on a task of its own: polled from
         // this one task, a file scan decodes one partition at a time. Partitions stay in
@@ -508,6 +538,7 @@ impl BuildJob {
             ))
         })?;
         metrics.rows.add(rows);
+        metrics.rows_indexed.add(rows);
         metrics.time.add_duration(started.elapsed());
         metrics.memory.set(retained);
         metrics.bytes_to_device.add(bytes as usize);
@@ -527,6 +558,7 @@ impl BuildJob {
             device_bytes: bytes as usize,
             _reservation: reservation,
             within_groups: Default::default(),
+            segments: Vec::new(),
         })
     }
 

@@ -45,6 +45,7 @@ use crate::join::{Cancel, CancelOnDrop};
 use crate::options::{DeviceChoice, ExcludeSelf};
 
 mod build;
+mod grow;
 mod kept_left;
 mod output;
 mod probe;

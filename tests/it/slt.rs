@@ -1,9 +1,10 @@
-//! Runs every `tests/slt/**/*.slt` file against a session made by `register_all`.
+//! Runs every `tests/slt/**/*.slt` file against a session made by `register_all` (a module of
+//! the `it` binary, not a binary of its own: one link of DataFusion and Ballista less).
 //!
-//! `cargo test --release --test sqllogictests [-- FILTER ...] [-- --complete]`: FILTERs keep the
-//! files whose path contains one of them; `--complete` rewrites the expected results of the
-//! selected files from the actual ones (review the diff: it is for new error texts and layouts,
-//! never a substitute for figures computed independently).
+//! `cargo test --release --test it slt::`; `SLT_FILTER=joins_filtered,functions_norm` keeps the
+//! files whose path contains one of the comma-separated words; `SLT_COMPLETE=1` rewrites the
+//! expected results of the selected files from the actual ones (review the diff: it is for new
+//! error texts and layouts, never a substitute for figures computed independently).
 //!
 //! Values are printed as DataFusion's own runner prints them (NULL, `(empty)` for the empty
 //! string, true/false), except floats, which are rounded to 6 significant digits (and values
@@ -13,7 +14,6 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float16Type, Float32Type, Float64Type};
@@ -233,38 +233,33 @@ fn new_runner() -> sqllogictest::Runner<Db, impl sqllogictest::MakeConnection<Co
     runner
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let complete = args.iter().any(|a| a == "--complete");
-    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+#[tokio::test]
+async fn every_slt_file_passes() {
+    let complete = std::env::var("SLT_COMPLETE").is_ok_and(|v| v == "1");
+    let filter = std::env::var("SLT_FILTER").unwrap_or_default();
+    let filters: Vec<&str> = filter.split(',').filter(|f| !f.is_empty()).collect();
 
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests")
-        .join("slt");
+    // Paths in the files (e.g. 'data/kos_bow.parquet') are relative to the crate root, which is
+    // where cargo runs its tests.
+    let crate_root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    assert_eq!(
+        std::env::current_dir().ok().as_deref(),
+        Some(crate_root),
+        "the .slt files read paths relative to the crate root: run the tests from there"
+    );
     let mut files = Vec::new();
-    if let Err(e) = slt_files(&root, &mut files) {
-        eprintln!("cannot list {}: {e}", root.display());
-        return ExitCode::FAILURE;
-    }
+    slt_files(&crate_root.join("tests").join("slt"), &mut files).expect("tests/slt is listed");
     files.sort();
-    files.retain(|f| {
-        filters.is_empty()
-            || filters
-                .iter()
-                .any(|p| f.to_string_lossy().contains(p.as_str()))
-    });
+    files.retain(|f| filters.is_empty() || filters.iter().any(|p| f.to_string_lossy().contains(p)));
+    assert!(
+        !files.is_empty(),
+        "no .slt file matches SLT_FILTER={filter:?}"
+    );
 
-    // Paths in the files (e.g. 'data/kos_bow.parquet') are relative to the crate root.
-    if let Err(e) = std::env::set_current_dir(env!("CARGO_MANIFEST_DIR")) {
-        eprintln!("cannot enter the crate root: {e}");
-        return ExitCode::FAILURE;
-    }
-
-    let mut failed = 0;
+    let mut failed = Vec::new();
     for file in &files {
         let name = file
-            .strip_prefix(env!("CARGO_MANIFEST_DIR"))
+            .strip_prefix(crate_root)
             .unwrap_or(file)
             .display()
             .to_string();
@@ -290,19 +285,15 @@ async fn main() -> ExitCode {
         match result {
             Ok(()) => println!("ok      {name} ({:.1}s)", started.elapsed().as_secs_f64()),
             Err(e) => {
-                failed += 1;
                 println!("FAILED  {name}\n{e}\n");
+                failed.push(name);
             }
         }
     }
-    println!(
-        "{} files, {} passed, {failed} failed",
-        files.len(),
-        files.len() - failed
+    assert!(
+        failed.is_empty(),
+        "{} of {} .slt files failed: {failed:?} (their differences are printed above)",
+        failed.len(),
+        files.len()
     );
-    if failed > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    }
 }
