@@ -21,7 +21,7 @@ PER_FILE=$(( ROWS / FILES ))
 mkdir -p "$WORK/docs" "$WORK/new"
 WORK=$(cd "$WORK" && pwd)
 rm -f "$WORK"/docs/*.parquet
-gen() { "$BIN" generate --shape nytimes --rows "$PER_FILE" --seed "$1" --output "$2" --overwrite > /dev/null; }
+gen() { "$BIN" generate --shape nytimes --rows "$PER_FILE" --seed "$1" --output "$2" --overwrite > /dev/null 2>&1; }
 for i in $(seq 0 $(( FILES - 1 ))); do
     f=$(printf "%s/stock/part%05d.parquet" "$WORK" "$i")
     mkdir -p "$WORK/stock"
@@ -32,13 +32,13 @@ for i in $(seq 1 "$ADDS"); do
     f=$(printf "%s/new/new%05d.parquet" "$WORK" "$i")
     [ -f "$f" ] || gen $(( 100000 + i )) "$f"
 done
-"$BIN" generate --shape nytimes --rows 1 --seed 999999 --output "$WORK/q.parquet" --overwrite > /dev/null
+"$BIN" generate --shape nytimes --rows 1 --seed 999999 --output "$WORK/q.parquet" --overwrite > /dev/null 2>&1
 
 LOOKUP="SELECT max(neighbor_id) FROM knn_join('$WORK/q.parquet', '$WORK/docs/', 'cosine', 10, 'device=$DEVICE');"
 {
     echo "$LOOKUP"; echo "$LOOKUP"; echo "$LOOKUP"
     for i in $(seq 1 "$ADDS"); do
-        printf "COPY (SELECT * FROM '%s/new/new%05d.parquet') TO '%s/docs/part%05d.parquet';\n" \
+        printf "COPY (SELECT * FROM '%s/new/new%05d.parquet') TO '%s/docs/part%05d.parquet' OPTIONS ('format.max_row_group_size' '16384');\n" \
             "$WORK" "$i" "$WORK" $(( FILES + i - 1 ))
         echo "$LOOKUP"; echo "$LOOKUP"
     done

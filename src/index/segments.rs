@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex};
 
 use arrow::compute::concat_batches;
 use datafusion::common::{exec_err, Result};
+use datafusion::datasource::listing::PartitionedFile;
 use datafusion::execution::memory_pool::{MemoryConsumer, MemoryPool};
+use datafusion::physical_plan::ExecutionPlan;
 
 use super::identity::FileStamp;
 use super::kept::{KeptSide, KeptVectors};
@@ -24,29 +26,44 @@ use crate::join::{JoinIndex, Shard, ShardedIndex};
 /// uneven that no neighbours are within 2x of each other): past it, the smallest neighbours merge.
 pub(crate) const MAX_SEGMENTS: usize = 24;
 
-/// One segment: its files as they were when it was built, and its side.
+/// One segment: its files as they were when it was built (their stamps, and the files as a scan
+/// reads them, to build them again in a merge), and its side.
 #[derive(Clone)]
 pub(crate) struct Segment {
     pub(crate) files: Vec<FileStamp>,
+    pub(crate) scan_files: Vec<PartitionedFile>,
     pub(crate) side: Arc<KeptSide>,
 }
 
-/// The segments of a kept side, in row order, and what every version of that side shares (its
-/// plan without its files, and the index's shape).
+/// The segments of a kept side, in row order, and what every version of that side shares: its
+/// plan without its files and the index's shape (`shape`), and a plan of one version (`plan`),
+/// whose file scan a merge points at the files it merges.
 pub(crate) struct Segments {
     pub(crate) shape: String,
+    pub(crate) plan: Arc<dyn ExecutionPlan>,
     pub(crate) list: Vec<Segment>,
 }
 
 impl Segments {
-    /// The files of `list[range]`'s segments: their positions among the side's files.
-    pub(crate) fn file_range(&self, segments: Range<usize>) -> Range<usize> {
-        let start: usize = self.list[..segments.start]
-            .iter()
-            .map(|s| s.files.len())
-            .sum();
-        let len: usize = self.list[segments].iter().map(|s| s.files.len()).sum();
-        start..start + len
+    /// The list with each of `merged` (the sides it replaces, and the merged segment) in place of
+    /// those sides, where they still lie together in this list; None where none does.
+    pub(crate) fn grafted(&self, merged: &[(Vec<Arc<KeptSide>>, Segment)]) -> Option<Vec<Segment>> {
+        let mut list = self.list.clone();
+        let mut any = false;
+        for (replaced, segment) in merged {
+            let at = (0..list.len()).find(|&i| {
+                list.len() - i >= replaced.len()
+                    && replaced
+                        .iter()
+                        .zip(&list[i..])
+                        .all(|(r, s)| Arc::ptr_eq(r, &s.side))
+            });
+            if let Some(at) = at {
+                list.splice(at..at + replaced.len(), [segment.clone()]);
+                any = true;
+            }
+        }
+        any.then_some(list)
     }
 }
 
@@ -66,10 +83,18 @@ pub(crate) fn reuse(previous: &[Arc<Segments>], files: &[FileStamp]) -> Vec<Part
     let mut pending: Option<usize> = None;
     let mut at = 0;
     while at < files.len() {
+        // The longest that fits: a merged segment rather than the ones it merged.
         let kept = previous
             .iter()
             .flat_map(|p| p.list.iter())
-            .find(|s| !s.files.is_empty() && files[at..].starts_with(&s.files));
+            .filter(|s| !s.files.is_empty() && files[at..].starts_with(&s.files))
+            .reduce(|best, s| {
+                if s.files.len() > best.files.len() {
+                    s
+                } else {
+                    best
+                }
+            });
         match kept {
             Some(segment) => {
                 if let Some(start) = pending.take() {
@@ -247,10 +272,14 @@ mod tests {
         let side = Arc::new(KeptSide::empty_for_test());
         Segments {
             shape: String::new(),
+            plan: Arc::new(datafusion::physical_plan::empty::EmptyExec::new(Arc::new(
+                arrow::datatypes::Schema::empty(),
+            ))),
             list: groups
                 .iter()
                 .map(|files| Segment {
                     files: files.iter().map(|&(n, s)| stamp(n, s)).collect(),
+                    scan_files: Vec::new(),
                     side: Arc::clone(&side),
                 })
                 .collect(),

@@ -14,6 +14,21 @@ use datafusion::datasource::listing::{
 };
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+/// The table `name` of `schema`, looked up from SQL planning, which is not async. Most schemas
+/// answer at once; the URL tables' schema reads every file's footer of a folder. Polled to the end
+/// here, outside tokio's cooperative budget: inside a task whose budget is spent (a folder of more
+/// than ~120 files read its footers while the CLI's statement was planned), tokio's I/O futures
+/// return Pending and wake themselves at once, forever, under a blocking poll that never yields
+/// to the scheduler to renew the budget.
+pub(crate) fn catalog_table(
+    schema: &dyn datafusion::catalog::SchemaProvider,
+    name: &str,
+) -> Option<std::sync::Arc<dyn datafusion::catalog::TableProvider>> {
+    futures::executor::block_on(tokio::task::unconstrained(schema.table(name)))
+        .ok()
+        .flatten()
+}
+
 /// Runs an object store's I/O to completion from SQL planning, which is not async. The store's
 /// HTTP client runs on the tokio runtime, so the thread must leave it (`block_in_place`) rather
 /// than block one of its workers; a current-thread runtime cannot do that, so there it is an

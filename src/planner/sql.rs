@@ -74,11 +74,7 @@ impl SparseJoinRelationPlanner {
         let schema = catalogs
             .catalog(&resolved.catalog)?
             .schema(&resolved.schema)?;
-        // Catalog lookups are async but SQL planning is not; the in-memory, listing and
-        // information schemas answer at once.
-        futures::executor::block_on(schema.table(&resolved.table))
-            .ok()
-            .flatten()
+        super::source::catalog_table(schema.as_ref(), &resolved.table)
     }
 }
 

@@ -55,9 +55,8 @@ fn resolve_table(
     if let Some(state) = session.as_any().downcast_ref::<SessionState>() {
         let reference = TableReference::from(text);
         if let Ok(schema) = state.schema_for_ref(reference.clone()) {
-            // Catalog lookups are async; the in-memory and listing schemas answer at once, and a
-            // UDTF is called while planning, which is not async.
-            if let Ok(Some(table)) = futures::executor::block_on(schema.table(reference.table())) {
+            // A UDTF is called while planning, which is not async.
+            if let Some(table) = super::source::catalog_table(schema.as_ref(), reference.table()) {
                 return Ok(table);
             }
         }
@@ -80,9 +79,7 @@ fn table_from_catalog(session: &dyn Session, text: &str) -> Option<Arc<dyn Table
         .catalog_list()
         .catalog(&reference.catalog)?
         .schema(&reference.schema)?;
-    futures::executor::block_on(schema.table(&reference.table))
-        .ok()
-        .flatten()
+    super::source::catalog_table(schema.as_ref(), &reference.table)
 }
 
 impl TableFunctionImpl for SparseJoinFunction {

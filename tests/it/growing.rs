@@ -129,26 +129,34 @@ fn metric_options(kind: datafusion_sparse_knn::metric::MetricKind) -> &'static s
     }
 }
 
-/// Whether `kind`'s distances of these rows (integer counts) come out bit for bit whatever the
-/// index's layout: sums of integers (exact in any order), a max, or the certified metrics' exact
-/// step. Canberra's fractions and kl's logarithms are summed in an order that depends on which
-/// columns an index keeps dense, which differs between a segment and a side built whole: there the
-/// distances agree to within a few units in the last place.
-fn sums_exact_in_any_order(kind: datafusion_sparse_knn::metric::MetricKind) -> bool {
+/// How far `kind`'s distances of these rows (integer counts) may be from a fresh build's: None
+/// where they are bit for bit whatever the index's layout (sums of integers, exact in any order, a
+/// max, or the certified metrics' exact step). Canberra's fractions and kl's logarithms are summed
+/// in an order that follows the columns an index keeps dense, which differ between a segment and a
+/// side built whole: a few units in the last place. On the GPU, dot and cosine multiply the columns
+/// a side keeps dense on the tensor cores, in a precision chosen by that side's values, which keeps
+/// float32 accuracy (the `dense_columns` option; 1.6e-7 relative measured on an H200).
+fn rounding(kind: datafusion_sparse_knn::metric::MetricKind, device: &str) -> Option<f64> {
     use datafusion_sparse_knn::metric::MetricKind;
-    !matches!(kind, MetricKind::Canberra | MetricKind::KlDivergence)
+    match (device, kind) {
+        ("gpu", MetricKind::Dot | MetricKind::Cosine) => Some(1e-6),
+        ("cpu", MetricKind::Canberra | MetricKind::KlDivergence) => Some(1e-12),
+        _ => None,
+    }
 }
 
 /// `got` and `want` (query, neighbor, distance bits, rank) agree but for rounding: the same
-/// queries and ranks, distances within 1e-12 relative, and the same neighbors wherever a distance
-/// is not within that of the k-th (where rounding may swap a tie).
+/// queries and ranks, distances within `tolerance` relative, and the same neighbors wherever a
+/// distance is not within that of the k-th (where rounding may swap a tie).
 fn assert_equal_but_rounding(
     got: &[(i64, i64, u64, i32)],
     want: &[(i64, i64, u64, i32)],
+    tolerance: f64,
     what: &str,
 ) {
     assert_eq!(got.len(), want.len(), "{what}");
-    let close = |a: f64, b: f64| a == b || (a - b).abs() <= 1e-12 * a.abs().max(b.abs()).max(1.0);
+    let close =
+        |a: f64, b: f64| a == b || (a - b).abs() <= tolerance * a.abs().max(b.abs()).max(1.0);
     for (g, w) in got.iter().zip(want) {
         let (dg, dw) = (f64::from_bits(g.2), f64::from_bits(w.2));
         assert_eq!((g.0, g.3), (w.0, w.3), "{what}: {g:?} against {w:?}");
@@ -255,10 +263,14 @@ async fn grow_shrink_and_rewrite(kind: datafusion_sparse_knn::metric::MetricKind
                 let got = answer(&collect(cached, sql).await);
                 let want = answer(&collect(fresh, sql).await);
                 assert!(got.len() >= 6 * 7, "{metric} {step}: {} pairs", got.len());
-                if sums_exact_in_any_order(kind) {
-                    assert_eq!(got, want, "{metric} {step}");
-                } else {
-                    assert_equal_but_rounding(&got, &want, &format!("{metric} {step}"));
+                match rounding(kind, device) {
+                    None => assert_eq!(got, want, "{metric} {step}"),
+                    Some(tolerance) => assert_equal_but_rounding(
+                        &got,
+                        &want,
+                        tolerance,
+                        &format!("{metric} {step}"),
+                    ),
                 }
                 got
             }
@@ -393,4 +405,66 @@ async fn files_added_one_by_one_merge_into_few_segments_beside_the_queries() {
     assert_eq!((built, reused), (0, 1));
     assert!(segments <= 4, "{segments} segments after the merges");
     assert!(most <= 5, "at most {most} segments before the merges");
+}
+
+/// A folder of hundreds of files, named in SQL as a path: planning reads every file's footer from
+/// a blocking poll inside the statement's task, whose cooperative budget ran out past about 120
+/// files (the CLI then spun forever). Bounded: the process is killed after 120 s.
+#[test]
+fn a_folder_of_hundreds_of_files_plans_and_joins_in_the_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let folder = dir.path().join("many");
+    std::fs::create_dir(&folder).unwrap();
+    let rows = counts(600, 95);
+    for (i, pair) in rows.chunks(2).enumerate() {
+        write_parquet(
+            &folder.join(format!("part{i:04}.parquet")),
+            pair,
+            2 * i as i64,
+        );
+    }
+    let script = format!(
+        "SELECT count(*) AS n FROM '{f}/';\n\
+         SELECT count(*) AS n FROM knn_join((SELECT * FROM '{f}/' WHERE id < 4), '{f}/', \
+         'cosine', 3, 'device=cpu');\n",
+        f = folder.display()
+    );
+    let exe = std::env::var("SPARSE_KNN_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sparse-knn").to_string());
+    let mut child = Command::new(exe)
+        .args(["sql", "--format", "csv", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("sparse-knn sql over a folder of 300 files still runs after 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts: Vec<&str> = stdout
+        .lines()
+        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    // Every row, and 3 neighbours of each of the 4 query rows (ids 0-3) that have a column.
+    assert_eq!(counts.first(), Some(&"600"), "{stdout}");
+    let pairs: usize = counts[1].parse().unwrap();
+    let with_columns = rows[..4]
+        .iter()
+        .filter(|r| r.as_ref().is_some_and(|r| !r.is_empty()))
+        .count();
+    assert!(
+        with_columns > 0 && (3 * with_columns..=12).contains(&pairs),
+        "{pairs} pairs for {with_columns} query rows with columns: {stdout}"
+    );
 }

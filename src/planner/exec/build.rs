@@ -224,7 +224,7 @@ impl BuildJob {
                 .build_in_segments(&cache, &runs, identity.key.files())
                 .await?;
             claim.finish_segmented(&side, Arc::clone(&segments), bound);
-            self.merge_later(cache, segments, runs);
+            self.merge_later(cache, segments.shape.clone());
             return Ok(side);
         }
     }

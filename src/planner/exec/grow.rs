@@ -14,7 +14,9 @@ use std::sync::Arc;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::Result;
 use datafusion::datasource::listing::PartitionedFile;
-use datafusion::datasource::physical_plan::{FileGroup, FileScanConfig, FileScanConfigBuilder};
+use datafusion::datasource::physical_plan::{
+    FileGroup, FileGroupPartitioner, FileScanConfig, FileScanConfigBuilder,
+};
 use datafusion::datasource::source::DataSourceExec;
 use datafusion::physical_plan::metrics::ExecutionPlanMetricsSet;
 use datafusion::physical_plan::{displayable, ExecutionPlan};
@@ -100,20 +102,41 @@ impl FileRuns {
         })
     }
 
-    /// The plan reading only files `files`, their pieces in at most `partitions` partitions.
-    pub(super) fn restricted(
-        &self,
-        files: Range<usize>,
-        partitions: usize,
-    ) -> Result<Arc<dyn ExecutionPlan>> {
-        let pieces: Vec<PartitionedFile> = self.files[files].iter().flatten().cloned().collect();
-        let per_group = pieces.len().div_ceil(partitions.max(1)).max(1);
-        let groups = pieces
-            .chunks(per_group)
-            .map(|c| FileGroup::new(c.to_vec()))
-            .collect();
-        restrict(&self.plan, groups)
+    /// The files `files` as whole files (the plan's pieces of them are cut for all its files).
+    pub(super) fn whole_files(&self, files: Range<usize>) -> Vec<PartitionedFile> {
+        self.files[files]
+            .iter()
+            .map(|pieces| {
+                let mut file = pieces[0].clone();
+                file.range = None;
+                file
+            })
+            .collect()
     }
+}
+
+/// `plan` reading only the whole files `files`, cut in byte ranges over `partitions` partitions
+/// as DataFusion cuts a scan (in order: the ranges end to end are the files' rows). The ranges the
+/// whole side's plan read them in were cut for all its files: there a new file may be one range,
+/// read by one core.
+fn plan_of_files(
+    plan: &Arc<dyn ExecutionPlan>,
+    files: Vec<PartitionedFile>,
+    partitions: usize,
+    min_range_bytes: usize,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let groups = FileGroupPartitioner::new()
+        .with_target_partitions(partitions.max(1))
+        .with_repartition_file_min_size(min_range_bytes)
+        .repartition_file_groups(&[FileGroup::new(files.clone())])
+        .unwrap_or_else(|| {
+            let per_group = files.len().div_ceil(partitions.max(1)).max(1);
+            files
+                .chunks(per_group)
+                .map(|c| FileGroup::new(c.to_vec()))
+                .collect()
+        });
+    restrict(plan, groups)
 }
 
 /// `plan` with its file scan reading `groups`.
@@ -159,22 +182,44 @@ impl BuildJob {
                     self.metrics.rows.add(segment.side.rows);
                     list.push(segment);
                 }
-                Part::Build(range) if whole => {
-                    let side = Arc::new(self.build().await?);
-                    list.push(Segment {
-                        files: files[range].to_vec(),
-                        side,
-                    });
-                }
                 Part::Build(range) => {
-                    let plan = runs.restricted(range.clone(), self.partitions())?;
-                    let side = Arc::new(self.build_from(plan).await?);
+                    let scan_files = runs.whole_files(range.clone());
+                    let side = if whole {
+                        self.build().await?
+                    } else {
+                        let plan = plan_of_files(
+                            &runs.plan,
+                            scan_files.clone(),
+                            self.partitions(),
+                            self.min_range_bytes(),
+                        )?;
+                        self.build_from(plan).await?
+                    };
                     list.push(Segment {
                         files: files[range].to_vec(),
-                        side,
+                        scan_files,
+                        side: Arc::new(side),
                     });
                 }
             }
+        }
+        // A merge that ended while the new files were built: its segments where they fit (else
+        // this version, made from the one before the merge, would replace the merged one).
+        let mut held = cache.segments_for(&runs.shape);
+        held.push(Arc::new(Segments {
+            shape: runs.shape.clone(),
+            plan: Arc::clone(&runs.plan),
+            list: list.clone(),
+        }));
+        let parts = reuse(&held, files);
+        if parts.len() < list.len() && parts.iter().all(|p| matches!(p, Part::Kept(_))) {
+            list = parts
+                .into_iter()
+                .filter_map(|p| match p {
+                    Part::Kept(segment) => Some(segment),
+                    Part::Build(_) => None,
+                })
+                .collect();
         }
         // Every segment kept (files removed): the left read-ahead may start now.
         if let Some(read) = self.right_read.take() {
@@ -183,6 +228,7 @@ impl BuildJob {
         let side = self.join_segments(&list)?;
         let segments = Arc::new(Segments {
             shape: runs.shape.clone(),
+            plan: Arc::clone(&runs.plan),
             list,
         });
         log::debug!(
@@ -198,6 +244,14 @@ impl BuildJob {
         self.context.session_config().target_partitions()
     }
 
+    fn min_range_bytes(&self) -> usize {
+        self.context
+            .session_config()
+            .options()
+            .optimizer
+            .repartition_file_min_size
+    }
+
     fn join_segments(&self, list: &[Segment]) -> Result<Arc<KeptSide>> {
         let sides: Vec<Arc<KeptSide>> = list.iter().map(|s| Arc::clone(&s.side)).collect();
         match sides.as_slice() {
@@ -211,25 +265,18 @@ impl BuildJob {
         }
     }
 
-    /// Merges `segments`' small neighbours (`index::merge_groups`) on a task of its own, then
-    /// puts the merged side in the cache in place of this one (while it still holds this one).
-    /// Nothing when there is nothing to merge, a merge of this side runs, or the inputs are
-    /// polled in place (datafusion-python: no task outlives the statement).
-    pub(super) fn merge_later(
-        &self,
-        cache: Arc<IndexCache>,
-        segments: Arc<Segments>,
-        runs: FileRuns,
-    ) {
-        let rows: Vec<usize> = segments.list.iter().map(|s| s.side.rows).collect();
-        let groups = merge_groups(&rows);
-        if groups.is_empty()
-            || !inputs_on_own_tasks()
-            || tokio::runtime::Handle::try_current().is_err()
-        {
+    /// Merges the small neighbours (`index::merge_groups`) of the newest held version of the side
+    /// of `shape` on a task of its own, round after round until none is left to merge: each round's
+    /// merged segments are grafted into the version held when it ends (statements that grew the
+    /// side meanwhile made newer versions of the same segments). Nothing when a merge of this side
+    /// runs, or the inputs are polled in place (datafusion-python: no task outlives a statement).
+    pub(super) fn merge_later(&self, cache: Arc<IndexCache>, shape: String) {
+        let newest = cache.segments_for(&shape).into_iter().next();
+        let needed = newest.is_some_and(|n| !merge_groups(&rows_of(&n)).is_empty());
+        if !needed || !inputs_on_own_tasks() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
-        let Some(guard) = cache.begin_merge(&segments.shape) else {
+        let Some(guard) = cache.begin_merge(&shape) else {
             return;
         };
         let mut job = BuildJob {
@@ -247,63 +294,101 @@ impl BuildJob {
         };
         tokio::spawn(async move {
             let _merging = guard;
-            let started = std::time::Instant::now();
-            match job.merge(&segments, &runs, &groups).await {
-                Ok(Merged(side, merged)) => {
-                    let (before, after) = (segments.list.len(), merged.list.len());
-                    let replaced = cache.replace_merged(&segments, side, merged);
-                    log::debug!(
-                        "{}: merged the right side's {before} segments into {after} in {:?}{}",
-                        job.name,
-                        started.elapsed(),
-                        if replaced {
-                            ""
-                        } else {
-                            " (a newer version came first: dropped)"
-                        }
-                    );
+            for _ in 0..MERGE_ROUNDS {
+                let Some(latest) = cache.segments_for(&shape).into_iter().next() else {
+                    return;
+                };
+                let groups = merge_groups(&rows_of(&latest));
+                if groups.is_empty() {
+                    return;
                 }
-                Err(e) => log::warn!(
-                    "{}: merging the right side's segments failed (they stay as they are): {e}",
-                    job.name
-                ),
+                let started = std::time::Instant::now();
+                let merged = match job.merge(&latest, &groups).await {
+                    Ok(merged) => merged,
+                    Err(e) => {
+                        log::warn!(
+                            "{}: merging the right side's segments failed (they stay as they \
+                             are): {e}",
+                            job.name
+                        );
+                        return;
+                    }
+                };
+                // Grafted into the newest version; tried again if a statement replaced it
+                // between the look and the swap.
+                for _ in 0..3 {
+                    let Some(target) = cache.segments_for(&shape).into_iter().next() else {
+                        return;
+                    };
+                    let Some(list) = target.grafted(&merged) else {
+                        break;
+                    };
+                    let (before, after) = (target.list.len(), list.len());
+                    let side = match job.join_segments(&list) {
+                        Ok(side) => side,
+                        Err(e) => {
+                            log::warn!("{}: joining merged segments failed: {e}", job.name);
+                            return;
+                        }
+                    };
+                    let segments = Arc::new(Segments {
+                        shape: shape.clone(),
+                        plan: Arc::clone(&target.plan),
+                        list,
+                    });
+                    if cache.replace_merged(&target, side, segments) {
+                        log::debug!(
+                            "{}: merged the right side's {before} segments into {after} in {:?}",
+                            job.name,
+                            started.elapsed()
+                        );
+                        break;
+                    }
+                }
             }
         });
     }
 
-    /// `segments` with each of `groups` (ranges of segments) built again as one.
+    /// The segments of each of `groups` (ranges of `segments.list`) built again as one: for each,
+    /// the sides it replaces and the merged segment.
     async fn merge(
         &mut self,
         segments: &Segments,
-        runs: &FileRuns,
         groups: &[Range<usize>],
-    ) -> Result<Merged> {
-        let mut list = Vec::new();
-        let mut next = 0;
+    ) -> Result<Vec<(Vec<Arc<KeptSide>>, Segment)>> {
+        let mut merged = Vec::with_capacity(groups.len());
         for group in groups {
-            list.extend(segments.list[next..group.start].iter().cloned());
-            let plan = runs.restricted(segments.file_range(group.clone()), self.partitions())?;
+            let members = &segments.list[group.clone()];
+            let scan_files: Vec<PartitionedFile> = members
+                .iter()
+                .flat_map(|s| s.scan_files.iter().cloned())
+                .collect();
+            let plan = plan_of_files(
+                &segments.plan,
+                scan_files.clone(),
+                self.partitions(),
+                self.min_range_bytes(),
+            )?;
             let side = Arc::new(self.build_from(plan).await?);
-            list.push(Segment {
-                files: segments.list[group.clone()]
-                    .iter()
-                    .flat_map(|s| s.files.iter().cloned())
-                    .collect(),
-                side,
-            });
-            next = group.end;
+            merged.push((
+                members.iter().map(|s| Arc::clone(&s.side)).collect(),
+                Segment {
+                    files: members
+                        .iter()
+                        .flat_map(|s| s.files.iter().cloned())
+                        .collect(),
+                    scan_files,
+                    side,
+                },
+            ));
         }
-        list.extend(segments.list[next..].iter().cloned());
-        let side = self.join_segments(&list)?;
-        Ok(Merged(
-            side,
-            Arc::new(Segments {
-                shape: segments.shape.clone(),
-                list,
-            }),
-        ))
+        Ok(merged)
     }
 }
 
-/// A merged side and its segments.
-struct Merged(Arc<KeptSide>, Arc<Segments>);
+/// Merge rounds a merge task runs at most (each merges what the newest version needs).
+const MERGE_ROUNDS: usize = 64;
+
+fn rows_of(segments: &Segments) -> Vec<usize> {
+    segments.list.iter().map(|s| s.side.rows).collect()
+}
