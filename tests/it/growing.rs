@@ -75,16 +75,8 @@ fn one_cli_process_sees_the_file_its_own_statement_wrote() {
         .args(["sql", "--format", "csv", "-c", &script])
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let counts: Vec<&str> = stdout
-        .lines()
-        .filter(|l| l.chars().all(|c| c.is_ascii_digit()) && !l.is_empty())
-        .collect();
+    let (stdout, counts) = printed_counts(&out);
+    let counts: Vec<&str> = counts.iter().map(String::as_str).collect();
     assert_eq!(counts.first(), Some(&"40"), "{stdout}");
     assert_eq!(counts.last(), Some(&"43"), "{stdout}");
 }
@@ -446,16 +438,8 @@ fn a_folder_of_hundreds_of_files_plans_and_joins_in_the_cli() {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let out = child.wait_with_output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let counts: Vec<&str> = stdout
-        .lines()
-        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_digit()))
-        .collect();
+    let (stdout, counts) = printed_counts(&out);
+    let counts: Vec<&str> = counts.iter().map(String::as_str).collect();
     // Every row, and 3 neighbours of each of the 4 query rows (ids 0-3) that have a column.
     assert_eq!(counts.first(), Some(&"600"), "{stdout}");
     let pairs: usize = counts[1].parse().unwrap();
@@ -467,4 +451,21 @@ fn a_folder_of_hundreds_of_files_plans_and_joins_in_the_cli() {
         with_columns > 0 && (3 * with_columns..=12).contains(&pairs),
         "{pairs} pairs for {with_columns} query rows with columns: {stdout}"
     );
+}
+
+/// A `sparse-knn sql --format csv` run that succeeded: its output, and the lines that are a
+/// number (the counts its statements printed).
+fn printed_counts(out: &std::process::Output) -> (String, Vec<String>) {
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counts = stdout
+        .lines()
+        .filter(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_digit()))
+        .map(str::to_string)
+        .collect();
+    (stdout, counts)
 }
