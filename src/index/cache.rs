@@ -273,6 +273,11 @@ impl IndexCache {
         held.into_iter().map(|(_, s)| s).collect()
     }
 
+    /// The segments of the most recently used held side of `shape` (see `segments_for`).
+    pub(crate) fn newest_segments(&self, shape: &str) -> Option<Arc<Segments>> {
+        self.segments_for(shape).into_iter().next()
+    }
+
     /// Puts a merged `side` in place of the one held in `before`, while the cache still holds
     /// that one (a newer version or an eviction since makes the merge moot): false when not.
     pub(crate) fn replace_merged(

@@ -40,8 +40,9 @@ const ROW_BY_ROW: [&str; 5] = [
 /// The right plan's one file scan, file by file.
 pub(super) struct FileRuns {
     plan: Arc<dyn ExecutionPlan>,
-    /// Each file's pieces as the plan reads them (a large file in byte ranges), in row order.
-    files: Vec<Vec<PartitionedFile>>,
+    /// The plan's files in row order, whole (the plan reads a large one in byte ranges, cut for
+    /// all its files).
+    files: Vec<PartitionedFile>,
     /// The plan's text without its files, and the index's shape: what the versions of a
     /// growing side share.
     pub(super) shape: String,
@@ -73,21 +74,20 @@ impl FileRuns {
         if config.limit.is_some() {
             return None;
         }
-        let mut runs: Vec<Vec<PartitionedFile>> = Vec::new();
+        let mut whole: Vec<PartitionedFile> = Vec::new();
         for file in config.file_groups.iter().flat_map(|g| g.iter()) {
-            match runs.last_mut() {
-                Some(run) if run[0].object_meta.location == file.object_meta.location => {
-                    run.push(file.clone())
-                }
-                _ => runs.push(vec![file.clone()]),
+            if whole.last().map(|f| &f.object_meta.location) != Some(&file.object_meta.location) {
+                let mut file = file.clone();
+                file.range = None;
+                whole.push(file);
             }
         }
-        let same_files = runs.len() == files.len()
-            && runs
+        let same_files = whole.len() == files.len()
+            && whole
                 .iter()
                 .zip(files)
-                .all(|(run, stamp)| run[0].object_meta.location.as_ref() == stamp.location());
-        if runs.is_empty() || !same_files {
+                .all(|(file, stamp)| file.object_meta.location.as_ref() == stamp.location());
+        if whole.is_empty() || !same_files {
             return None;
         }
         let without_files = restrict(plan, Vec::new()).ok()?;
@@ -97,21 +97,9 @@ impl FileRuns {
         );
         Some(Self {
             plan: Arc::clone(plan),
-            files: runs,
+            files: whole,
             shape,
         })
-    }
-
-    /// The files `files` as whole files (the plan's pieces of them are cut for all its files).
-    pub(super) fn whole_files(&self, files: Range<usize>) -> Vec<PartitionedFile> {
-        self.files[files]
-            .iter()
-            .map(|pieces| {
-                let mut file = pieces[0].clone();
-                file.range = None;
-                file
-            })
-            .collect()
     }
 }
 
@@ -183,7 +171,7 @@ impl BuildJob {
                     list.push(segment);
                 }
                 Part::Build(range) => {
-                    let scan_files = runs.whole_files(range.clone());
+                    let scan_files = runs.files[range.clone()].to_vec();
                     let side = if whole {
                         self.build().await?
                     } else {
@@ -259,7 +247,7 @@ impl BuildJob {
             _ => Ok(Arc::new(joined(
                 &sides,
                 self.spec.metric.kind.is_similarity(),
-                &self.context.memory_pool().clone(),
+                self.context.memory_pool(),
                 self.name,
             )?)),
         }
@@ -271,8 +259,9 @@ impl BuildJob {
     /// side meanwhile made newer versions of the same segments). Nothing when a merge of this side
     /// runs, or the inputs are polled in place (datafusion-python: no task outlives a statement).
     pub(super) fn merge_later(&self, cache: Arc<IndexCache>, shape: String) {
-        let newest = cache.segments_for(&shape).into_iter().next();
-        let needed = newest.is_some_and(|n| !merge_groups(&rows_of(&n)).is_empty());
+        let needed = cache
+            .newest_segments(&shape)
+            .is_some_and(|n| !merge_groups(&rows_of(&n)).is_empty());
         if !needed || !inputs_on_own_tasks() || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
@@ -295,7 +284,7 @@ impl BuildJob {
         tokio::spawn(async move {
             let _merging = guard;
             for _ in 0..MERGE_ROUNDS {
-                let Some(latest) = cache.segments_for(&shape).into_iter().next() else {
+                let Some(latest) = cache.newest_segments(&shape) else {
                     return;
                 };
                 let groups = merge_groups(&rows_of(&latest));
@@ -317,7 +306,7 @@ impl BuildJob {
                 // Grafted into the newest version; tried again if a statement replaced it
                 // between the look and the swap.
                 for _ in 0..3 {
-                    let Some(target) = cache.segments_for(&shape).into_iter().next() else {
+                    let Some(target) = cache.newest_segments(&shape) else {
                         return;
                     };
                     let Some(list) = target.grafted(&merged) else {
