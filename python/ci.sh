@@ -33,6 +33,7 @@ case "${1:-all}" in
 esac
 rm -f "$WHEELS"/datafusion_sparse_knn-*.whl
 "$VENV/bin/maturin" build --release -m python/Cargo.toml --interpreter "$VENV/bin/python"
-"$VENV/bin/python" -m pip install "${PIP[@]}" "$WHEELS"/datafusion_sparse_knn-*.whl
+# --force-reinstall --no-deps: a wheel of the same version replaces the one a run before installed.
+"$VENV/bin/python" -m pip install "${PIP[@]}" --force-reinstall --no-deps "$WHEELS"/datafusion_sparse_knn-*.whl
 # -p no:cacheprovider: leave no .pytest_cache in the work tree.
 "$VENV/bin/python" -m pytest -p no:cacheprovider python/tests

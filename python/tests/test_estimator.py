@@ -7,6 +7,7 @@ force, which the tie test below pins down on its own).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -394,3 +395,37 @@ def test_save_and_load_an_index_file(kos, tmp_path):
     # The file is a right input of the one-shot knn_join too (its stored index is probed).
     table = knn.knn_join(kos[:3], str(path), "minkowski", 5, p=3).sort_by([("query_row", "ascending"), ("rank", "ascending")])
     assert table.column("neighbor_row").to_pylist() == nn.kneighbors(kos[:3])[1].ravel().tolist()
+
+
+def test_load_an_index_folder_of_segments(kos, tmp_path):
+    # An index folder as `sparse-knn index` writes one over a folder of files: segments (each an
+    # index file of a run of the rows) named in manifest.json. Loaded, it answers as one index
+    # over the rows end to end: as a fit on them all.
+    folder = tmp_path / "kos.skidx"
+    folder.mkdir()
+    cut = kos.shape[0] // 3
+    segments = []
+    for n, part in enumerate((kos[:cut], kos[cut:])):
+        name = f"segment-000001-{n:03d}.skidx"
+        knn.NearestNeighbors(metric="cosine").fit(part).save(folder / name)
+        segments.append({"file": name, "rows": part.shape[0], "sources": []})
+    manifest = {
+        "sparse_knn_index_folder": 1,
+        "generation": 1,
+        "input": "kos/",
+        "metrics": ["cosine"],
+        "options": "",
+        "segments": segments,
+    }
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    loaded = knn.NearestNeighbors.load(folder, n_neighbors=6)
+    assert loaded.n_samples_fit_ == kos.shape[0]
+    whole = knn.NearestNeighbors(n_neighbors=6, metric="cosine").fit(kos)
+    d, i = loaded.kneighbors(kos[cut - 5 : cut + 5])
+    want_d, want_i = whole.kneighbors(kos[cut - 5 : cut + 5])
+    assert np.array_equal(i, want_i)
+    np.testing.assert_allclose(d, want_d, rtol=1e-12, atol=1e-15)
+    # A segment the manifest names that is not there: an error naming it.
+    (folder / segments[1]["file"]).unlink()
+    with pytest.raises(ValueError, match="segment-000001-001"):
+        knn.NearestNeighbors.load(folder).kneighbors(kos[:2])

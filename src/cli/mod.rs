@@ -336,7 +336,8 @@ pub async fn register_path(ctx: &SessionContext, name: &str, path: &Path) -> Cli
         cli_bail!("table '{name}': no such file or folder: {}", path.display());
     }
     let location = path.to_string_lossy();
-    let ext = if path.is_dir() {
+    // An index folder (`NAME.skidx/`) is an index like an index file.
+    let ext = if path.is_dir() && !crate::index::is_index_path(&location) {
         None
     } else {
         path.extension()

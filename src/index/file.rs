@@ -79,6 +79,9 @@ pub(crate) struct IndexFile {
     pub path: PathBuf,
     pub header: Header,
     pub schema: SchemaRef,
+    /// The file, open: its sections are mapped from it, so a file removed or replaced after it
+    /// was opened (an index folder's segment, two refreshes later) is still the file read.
+    handle: File,
 }
 
 fn damaged(path: &Path, what: impl std::fmt::Display) -> DataFusionError {
@@ -475,6 +478,7 @@ impl IndexFile {
                 profiles,
             },
             schema,
+            handle: file,
         })
     }
 
@@ -484,7 +488,7 @@ impl IndexFile {
         let path = &self.path;
         let section = self.header.data;
         let started = std::time::Instant::now();
-        let map = Arc::new(Mmap::map(path, section.offset, section.len)?);
+        let map = Arc::new(Mmap::map(&self.handle, path, section.offset, section.len)?);
         let bytes = map.slice(section.offset, section.len);
         if map.checksum(bytes) != section.crc {
             return Err(damaged(path, "the rows' checksum does not match"));
@@ -514,13 +518,13 @@ impl IndexFile {
         if self.header.profiles.is_empty() {
             return Ok(None);
         }
+        use std::os::unix::fs::FileExt;
         let path = &self.path;
-        let mut file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
         let mut profiles = Vec::with_capacity(self.header.profiles.len());
         for &(rows, section) in &self.header.profiles {
             let mut bytes = vec![0u8; section.len as usize];
-            file.seek(SeekFrom::Start(section.offset))
-                .and_then(|_| file.read_exact(&mut bytes))
+            self.handle
+                .read_exact_at(&mut bytes, section.offset)
                 .map_err(|e| io_error(path, "reading", e))?;
             if crc32fast::hash(&bytes) != section.crc {
                 return Err(damaged(path, "a column profile's checksum does not match"));
@@ -538,7 +542,7 @@ impl IndexFile {
         let path = &self.path;
         let mut shards = Vec::with_capacity(stored.shards.len());
         for &(rows, section) in &stored.shards {
-            let map = Arc::new(Mmap::map(path, section.offset, section.len)?);
+            let map = Arc::new(Mmap::map(&self.handle, path, section.offset, section.len)?);
             let bytes = map.slice(section.offset, section.len);
             if map.checksum(bytes) != section.crc {
                 return Err(damaged(path, "an index's checksum does not match"));
@@ -638,11 +642,10 @@ unsafe impl Sync for Mmap {}
 impl std::panic::RefUnwindSafe for Mmap {}
 
 impl Mmap {
-    /// Maps bytes `offset..offset + len` of `path` (checked against its size), from the page
-    /// that holds `offset`.
-    fn map(path: &Path, offset: u64, len: u64) -> Result<Self> {
+    /// Maps bytes `offset..offset + len` of `file` (`path`, checked against its size), from the
+    /// page that holds `offset`.
+    fn map(file: &File, path: &Path, offset: u64, len: u64) -> Result<Self> {
         use std::os::fd::AsRawFd;
-        let file = File::open(path).map_err(|e| io_error(path, "opening", e))?;
         let size = file
             .metadata()
             .map_err(|e| io_error(path, "reading its size", e))?

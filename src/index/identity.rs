@@ -55,6 +55,48 @@ impl FileStamp {
         &self.location
     }
 
+    /// The file's size in bytes.
+    pub(crate) fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// The stamp as an index folder's manifest records it.
+    pub(crate) fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "store": self.store,
+            "location": self.location,
+            "size": self.size,
+            "modified_ns": self.modified_ns,
+            "e_tag": self.e_tag,
+            "version": self.version,
+        })
+    }
+
+    /// A stamp a manifest recorded; None where an entry is missing or of the wrong type.
+    pub(crate) fn from_json(value: &serde_json::Value) -> Option<Self> {
+        let text = |key: &str| value.get(key).and_then(serde_json::Value::as_str);
+        let optional = |key: &str| match value.get(key) {
+            None | Some(serde_json::Value::Null) => Some(None),
+            Some(v) => v.as_str().map(|s| Some(s.to_string())),
+        };
+        Some(Self {
+            store: text("store")?.to_string(),
+            location: text("location")?.to_string(),
+            size: value.get("size")?.as_u64()?,
+            modified_ns: value.get("modified_ns")?.as_i64()?,
+            e_tag: optional("e_tag")?,
+            version: optional("version")?,
+        })
+    }
+
+    /// The file as a user names it: its store's URL and its path there.
+    pub(crate) fn display(&self) -> String {
+        match self.store.as_str() {
+            "file:///" | "file://" => format!("/{}", self.location),
+            store => format!("{}/{}", store.trim_end_matches('/'), self.location),
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn for_test(location: &str, size: u64) -> Self {
         Self {
@@ -171,11 +213,16 @@ fn walk(plan: &Arc<dyn ExecutionPlan>, leaves: &mut Leaves) -> Result<()> {
     let children = plan.children();
     if children.is_empty() {
         if let Some(scan) = plan.downcast_ref::<super::IndexScanExec>() {
-            // An index file is known by its stamp like any file; an index value in memory holds
-            // its own indexes, which a cache entry would only copy.
+            // An index file is known by its stamp like any file, an index folder by its
+            // manifest's (renamed into place by every refresh; segments never change); an index
+            // value in memory holds its own indexes, which a cache entry would only copy.
             match scan
                 .source()
                 .path()
+                .map(|p| match p.is_dir() {
+                    true => p.join(super::MANIFEST),
+                    false => p.to_path_buf(),
+                })
                 .and_then(|p| std::fs::canonicalize(p).ok())
                 .and_then(|p| object_store::path::Path::from_absolute_path(p).ok())
             {

@@ -12,6 +12,7 @@
 
 mod cache;
 mod file;
+mod folder;
 mod identity;
 mod kept;
 mod segments;
@@ -32,6 +33,10 @@ use datafusion::prelude::SessionContext;
 pub use cache::IndexCache;
 pub(crate) use cache::{task_cache, Lookup};
 pub use file::FORMAT_VERSION;
+pub(crate) use folder::{
+    changed_sources, holds_only_index_files, plan_runs, remove_unused, segment_name, Manifest, Run,
+    SegmentEntry, WriterLock, MANIFEST,
+};
 pub(crate) use identity::{identify, FileStamp};
 pub(crate) use kept::{KeptSide, KeptVectors};
 pub(crate) use segments::{joined, merge_groups, reuse, Part, Segment, Segments};
@@ -50,7 +55,8 @@ use crate::metric::Metric;
 use crate::options::JoinOptions;
 use crate::vector::{find_vector_column, Side};
 use crate::vector::{PendingChecks, SparseBatch, VectorCheck};
-use file::{CpuShards, IndexFile};
+use file::CpuShards;
+use folder::Stored;
 
 /// How a join got its index from an [`IndexSource`] (EXPLAIN ANALYZE: `index_loaded` or
 /// `index_built`; one already held counts as reused).
@@ -77,8 +83,8 @@ pub struct IndexSource {
     vector_column: String,
     rows: usize,
     served: Vec<Metric>,
-    /// The index file it was opened from (its rows and indexes are read on first use).
-    file: Option<IndexFile>,
+    /// The index file or folder it was opened from (its rows and indexes are read on first use).
+    file: Option<Stored>,
     batches: OnceLock<Vec<RecordBatch>>,
     /// Every stored row passed the checks (they run once).
     checked: AtomicBool,
@@ -207,7 +213,7 @@ impl IndexSource {
 
     fn what(&self) -> String {
         match &self.file {
-            Some(f) => format!("index file '{}'", f.path.display()),
+            Some(f) => f.describe(),
             None => "the index".to_string(),
         }
     }
@@ -341,12 +347,12 @@ impl IndexSource {
         if let Some((_, shards)) = cpu.iter().find(|(m, _)| m == metric) {
             return Ok((shards.clone(), Obtained::Held));
         }
-        let stored = self
-            .file
-            .as_ref()
-            .and_then(|f| Some((f, f.header.indexes.iter().find(|s| &s.metric == metric)?)));
+        let stored = match &self.file {
+            Some(file) => file.read_index(metric)?,
+            None => None,
+        };
         let (shards, how) = match stored {
-            Some((file, stored)) => (file.read_index(stored)?, Obtained::Loaded),
+            Some(shards) => (shards, Obtained::Loaded),
             None => {
                 let chunks = split_rows(self.pieces()?, max_chunk_nnz())?;
                 let shards = chunks
@@ -731,19 +737,14 @@ impl SparseIndex {
 }
 
 impl IndexSource {
-    /// A source over an index file, its header checked.
+    /// A source over an index file or folder, its headers checked.
     pub(crate) fn open(path: &Path) -> Result<Self> {
-        let file = IndexFile::open(path)?;
-        let served = file
-            .header
-            .indexes
-            .iter()
-            .map(|s| shaping(&s.metric))
-            .collect();
+        let file = Stored::open(path)?;
+        let served = file.metrics.iter().map(shaping).collect();
         Ok(IndexSource {
             schema: Arc::clone(&file.schema),
-            vector_column: file.header.vector_column.clone(),
-            rows: file.header.rows,
+            vector_column: file.vector_column.clone(),
+            rows: file.rows,
             served,
             file: Some(file),
             batches: OnceLock::new(),
@@ -754,9 +755,11 @@ impl IndexSource {
     }
 }
 
-/// Whether `path` names an index file (by its extension).
+/// Whether `path` names an index file or folder (by its extension).
 pub fn is_index_path(path: &str) -> bool {
-    path.to_ascii_lowercase().ends_with(".skidx")
+    path.trim_end_matches('/')
+        .to_ascii_lowercase()
+        .ends_with(".skidx")
 }
 
 #[cfg(test)]
@@ -777,7 +780,7 @@ mod tests {
         let folder = tempfile::tempdir().unwrap();
         let path = folder.path().join("kos.skidx");
         index.save(&path).unwrap();
-        let file = IndexFile::open(&path).unwrap();
+        let file = file::IndexFile::open(&path).unwrap();
         // Every row in one shard here: one batch, where the Parquet scan gave several.
         assert!(index.source.batches().unwrap().len() > 1);
         assert_eq!(file.read_batches().unwrap().len(), 1);

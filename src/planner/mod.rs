@@ -36,6 +36,7 @@ use datafusion::physical_planner::{DefaultPhysicalPlanner, ExtensionPlanner, Phy
 use datafusion::prelude::SessionContext;
 
 pub use dataframe::{knn_join, radius_join};
+pub(crate) use exec::{plan_of_files, scan_files};
 pub use exec::{poll_inputs_in_place, LeftFromKept, SparseJoinExec};
 use filtered::{filtered_right, left_from_kept};
 pub use gather::{gather, gathered, in_file_order, GatherExec};

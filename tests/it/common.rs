@@ -3,7 +3,6 @@
 //! supports, or over all `d` coordinates where the metric needs `d`), and the SPEC tolerance.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
@@ -222,15 +221,15 @@ pub fn kind_of(name: &str) -> MetricKind {
     name.parse().unwrap()
 }
 
-fn as_map(row: &[(i32, f32)]) -> BTreeMap<i64, f64> {
-    let mut m = BTreeMap::new();
-    for &(i, v) in row {
-        assert!(
-            m.insert(i as i64, v as f64).is_none(),
-            "duplicate index in a test row"
-        );
-    }
-    m
+/// `row`'s entries by increasing index, as float64.
+fn sorted_entries(row: &[(i32, f32)]) -> Vec<(i64, f64)> {
+    let mut entries: Vec<(i64, f64)> = row.iter().map(|&(i, v)| (i as i64, v as f64)).collect();
+    entries.sort_unstable_by_key(|e| e.0);
+    assert!(
+        entries.windows(2).all(|w| w[0].0 != w[1].0),
+        "duplicate index in a test row"
+    );
+    entries
 }
 
 /// Plain float64 reference from the SPEC table. `x` is the left (query) row. Coordinates are the
@@ -243,24 +242,40 @@ pub fn reference(
     y: &[(i32, f32)],
 ) -> f64 {
     use MetricKind::*;
-    let mx = as_map(x);
-    let my = as_map(y);
-    let coords: Vec<i64> = if kind.needs_dim() {
-        (0..dim.expect("metric needs dim") as i64).collect()
+    let (sx, sy) = (sorted_entries(x), sorted_entries(y));
+    // Both rows' values at the coordinates, in increasing coordinate order.
+    let (xs, ys): (Vec<f64>, Vec<f64>) = if kind.needs_dim() {
+        let d = dim.expect("metric needs dim") as usize;
+        let dense = |entries: &[(i64, f64)]| {
+            let mut values = vec![0.0; d];
+            for &(i, v) in entries.iter().filter(|e| (0..d as i64).contains(&e.0)) {
+                values[i as usize] = v;
+            }
+            values
+        };
+        (dense(&sx), dense(&sy))
     } else {
-        let mut c: Vec<i64> = mx.keys().chain(my.keys()).copied().collect();
-        c.sort_unstable();
-        c.dedup();
-        c
+        let (mut xs, mut ys) = (Vec::new(), Vec::new());
+        let (mut a, mut b) = (0, 0);
+        while a < sx.len() || b < sy.len() {
+            let next = match (sx.get(a), sy.get(b)) {
+                (Some(l), Some(r)) => l.0.min(r.0),
+                (Some(l), None) => l.0,
+                (None, Some(r)) => r.0,
+                (None, None) => unreachable!(),
+            };
+            let take = |entries: &[(i64, f64)], at: &mut usize| match entries.get(*at) {
+                Some(e) if e.0 == next => {
+                    *at += 1;
+                    e.1
+                }
+                _ => 0.0,
+            };
+            xs.push(take(&sx, &mut a));
+            ys.push(take(&sy, &mut b));
+        }
+        (xs, ys)
     };
-    let xs: Vec<f64> = coords
-        .iter()
-        .map(|c| mx.get(c).copied().unwrap_or(0.0))
-        .collect();
-    let ys: Vec<f64> = coords
-        .iter()
-        .map(|c| my.get(c).copied().unwrap_or(0.0))
-        .collect();
     let pairs = || xs.iter().copied().zip(ys.iter().copied());
     let dot: f64 = pairs().map(|(a, b)| a * b).sum();
     let nx = xs.iter().map(|a| a * a).sum::<f64>().sqrt();

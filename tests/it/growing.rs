@@ -98,7 +98,7 @@ async fn segment_counters(ctx: &datafusion::prelude::SessionContext, sql: &str) 
 }
 
 /// (query id, neighbor id, distance bits, rank): a side in segments must give a fresh build's bits.
-fn answer(batches: &[arrow::array::RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
+pub(crate) fn answer(batches: &[arrow::array::RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
     common::pairs(batches)
         .into_iter()
         .map(|(q, n, d, r)| (q, n, d.to_bits(), r))
@@ -106,7 +106,7 @@ fn answer(batches: &[arrow::array::RecordBatch]) -> Vec<(i64, i64, u64, i32)> {
 }
 
 /// A session without the index cache: every statement a fresh build over the files as they are.
-async fn uncached_session() -> datafusion::prelude::SessionContext {
+pub(crate) async fn uncached_session() -> datafusion::prelude::SessionContext {
     let ctx = datafusion_sparse_knn::session_context();
     collect(&ctx, "SET sparse_knn.index_cache = '0'").await;
     ctx
@@ -128,7 +128,10 @@ fn metric_options(kind: datafusion_sparse_knn::metric::MetricKind) -> &'static s
 /// side built whole: a few units in the last place. On the GPU, dot and cosine multiply the columns
 /// a side keeps dense on the tensor cores, in a precision chosen by that side's values, which keeps
 /// float32 accuracy (the `dense_columns` option; 1.6e-7 relative measured on an H200).
-fn rounding(kind: datafusion_sparse_knn::metric::MetricKind, device: &str) -> Option<f64> {
+pub(crate) fn rounding(
+    kind: datafusion_sparse_knn::metric::MetricKind,
+    device: &str,
+) -> Option<f64> {
     use datafusion_sparse_knn::metric::MetricKind;
     match (device, kind) {
         ("gpu", MetricKind::Dot | MetricKind::Cosine) => Some(1e-6),
@@ -140,7 +143,7 @@ fn rounding(kind: datafusion_sparse_knn::metric::MetricKind, device: &str) -> Op
 /// `got` and `want` (query, neighbor, distance bits, rank) agree but for rounding: the same
 /// queries and ranks, distances within `tolerance` relative, and the same neighbors wherever a
 /// distance is not within that of the k-th (where rounding may swap a tie).
-fn assert_equal_but_rounding(
+pub(crate) fn assert_equal_but_rounding(
     got: &[(i64, i64, u64, i32)],
     want: &[(i64, i64, u64, i32)],
     tolerance: f64,

@@ -18,6 +18,7 @@ mod gpu_sql;
 mod growing;
 mod index_cache;
 mod index_file;
+mod index_folder;
 mod joins;
 mod lookup;
 mod nvrtc_compile;

@@ -8,7 +8,25 @@
 #[path = "nvrtc/kernel_cache.rs"]
 mod kernel_cache;
 
+use std::sync::OnceLock;
+
 use datafusion_sparse_knn::gpu::kernels;
+
+/// Every metric's module compiled for Hopper, (name, PTX), once for the tests that read it: NVRTC
+/// takes about a second a module.
+fn hopper_ptx() -> &'static [(&'static str, String)] {
+    static PTX: OnceLock<Vec<(&'static str, String)>> = OnceLock::new();
+    PTX.get_or_init(|| {
+        kernels::all_programs()
+            .iter()
+            .map(|program| {
+                let ptx = kernels::compile(&program.source, program.name, "compute_90")
+                    .unwrap_or_else(|e| panic!("compute_90 {}: {e}", program.name));
+                (program.name, ptx.to_src())
+            })
+            .collect()
+    })
+}
 
 #[test]
 fn every_metric_module_compiles_with_nvrtc() {
@@ -28,10 +46,13 @@ fn every_metric_module_compiles_with_nvrtc() {
     assert_eq!(programs.len(), 17, "one module per metric");
     // Hopper (the device machines) and the oldest architecture CUDA 13 supports.
     for arch in ["compute_90", "compute_75"] {
-        for program in &programs {
-            let ptx = kernels::compile(&program.source, program.name, arch)
-                .unwrap_or_else(|e| panic!("{arch} {}: {e}", program.name));
-            let text = ptx.to_src();
+        for (i, program) in programs.iter().enumerate() {
+            let text = match arch {
+                "compute_90" => hopper_ptx()[i].1.clone(),
+                _ => kernels::compile(&program.source, program.name, arch)
+                    .unwrap_or_else(|e| panic!("{arch} {}: {e}", program.name))
+                    .to_src(),
+            };
             // For a look at the PTX (or `ptxas` on it) without a GPU.
             if let Ok(dir) = std::env::var("SPARSE_KNN_PTX_DIR") {
                 let path = std::path::Path::new(&dir).join(format!("{}_{arch}.ptx", program.name));
@@ -122,11 +143,10 @@ fn four_block_folded_kernels_fit_32_registers() {
     };
     let dir = tempfile::tempdir().unwrap();
     let mut bounded = 0;
-    for program in kernels::all_programs() {
-        let blocks = kernels::folded_min_blocks(program.name);
-        let ptx = kernels::compile(&program.source, program.name, "compute_90").unwrap();
-        let path = dir.path().join(format!("{}.ptx", program.name));
-        std::fs::write(&path, ptx.to_src()).unwrap();
+    for (name, ptx) in hopper_ptx() {
+        let blocks = kernels::folded_min_blocks(name);
+        let path = dir.path().join(format!("{name}.ptx"));
+        std::fs::write(&path, ptx).unwrap();
         let out = std::process::Command::new(&ptxas)
             .args(["-arch=sm_90", "-v", "-o"])
             .arg(dir.path().join("out.cubin"))
@@ -134,11 +154,7 @@ fn four_block_folded_kernels_fit_32_registers() {
             .output()
             .unwrap_or_else(|e| panic!("running {ptxas}: {e}"));
         let log = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            out.status.success(),
-            "ptxas failed on {}:\n{log}",
-            program.name
-        );
+        assert!(out.status.success(), "ptxas failed on {}:\n{log}", name);
         for kernel in ["folded_knn", "folded_radius"] {
             let (registers, spills) = ptxas_report(&log, kernel);
             if blocks == 4 {
@@ -146,7 +162,7 @@ fn four_block_folded_kernels_fit_32_registers() {
                     registers <= 32 && spills <= 4,
                     "{} {kernel}: {registers} registers, {spills} bytes spilled under a bound of \
                      four blocks of 512 (take it off FOUR_BLOCK_METRICS in src/gpu/kernels.rs)",
-                    program.name
+                    name
                 );
             } else if blocks == 3 {
                 // (jensenshannon spills 24-32 bytes here and was still measured the faster;
@@ -155,15 +171,11 @@ fn four_block_folded_kernels_fit_32_registers() {
                     registers <= 40 && spills <= 32,
                     "{} {kernel}: {registers} registers, {spills} bytes spilled under a bound of \
                      three blocks of 512 (see THREE_BLOCK_METRICS in src/gpu/kernels.rs)",
-                    program.name
+                    name
                 );
             } else {
                 // Unbounded, the compiler keeps more than 32: the bound would be the one change.
-                assert!(
-                    registers > 32,
-                    "{} {kernel}: {registers} registers",
-                    program.name
-                );
+                assert!(registers > 32, "{} {kernel}: {registers} registers", name);
             }
         }
         bounded += usize::from(blocks == 4);

@@ -60,28 +60,7 @@ impl FileRuns {
         if matches!(exclude_self, ExcludeSelf::Column(_)) {
             return None;
         }
-        let mut node = plan;
-        let config = loop {
-            match node.children().as_slice() {
-                [child] if ROW_BY_ROW.contains(&node.name()) => node = child,
-                [] => {
-                    let source = node.downcast_ref::<DataSourceExec>()?;
-                    break source.data_source().downcast_ref::<FileScanConfig>()?;
-                }
-                _ => return None,
-            }
-        };
-        if config.limit.is_some() {
-            return None;
-        }
-        let mut whole: Vec<PartitionedFile> = Vec::new();
-        for file in config.file_groups.iter().flat_map(|g| g.iter()) {
-            if whole.last().map(|f| &f.object_meta.location) != Some(&file.object_meta.location) {
-                let mut file = file.clone();
-                file.range = None;
-                whole.push(file);
-            }
-        }
+        let whole = scan_files(plan)?;
         let same_files = whole.len() == files.len()
             && whole
                 .iter()
@@ -103,11 +82,39 @@ impl FileRuns {
     }
 }
 
+/// `plan`'s files whole, in row order, where its rows are their rows end to end: one file scan
+/// under row-by-row operators, no limit (what a side or an index folder keeps in segments).
+pub(crate) fn scan_files(plan: &Arc<dyn ExecutionPlan>) -> Option<Vec<PartitionedFile>> {
+    let mut node = plan;
+    let config = loop {
+        match node.children().as_slice() {
+            [child] if ROW_BY_ROW.contains(&node.name()) => node = child,
+            [] => {
+                let source = node.downcast_ref::<DataSourceExec>()?;
+                break source.data_source().downcast_ref::<FileScanConfig>()?;
+            }
+            _ => return None,
+        }
+    };
+    if config.limit.is_some() {
+        return None;
+    }
+    let mut whole: Vec<PartitionedFile> = Vec::new();
+    for file in config.file_groups.iter().flat_map(|g| g.iter()) {
+        if whole.last().map(|f| &f.object_meta.location) != Some(&file.object_meta.location) {
+            let mut file = file.clone();
+            file.range = None;
+            whole.push(file);
+        }
+    }
+    Some(whole)
+}
+
 /// `plan` reading only the whole files `files`, cut in byte ranges over `partitions` partitions
 /// as DataFusion cuts a scan (in order: the ranges end to end are the files' rows). The ranges the
 /// whole side's plan read them in were cut for all its files: there a new file may be one range,
 /// read by one core.
-fn plan_of_files(
+pub(crate) fn plan_of_files(
     plan: &Arc<dyn ExecutionPlan>,
     files: Vec<PartitionedFile>,
     partitions: usize,

@@ -54,6 +54,7 @@ mod stream;
 use crate::index::KeptSide;
 use crate::join::{GroupMembers, RowMask};
 use build::{BuildJob, BuildMetrics};
+pub(crate) use grow::{plan_of_files, scan_files};
 pub use kept_left::LeftFromKept;
 use probe::ProbeJob;
 
