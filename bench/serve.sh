@@ -7,8 +7,10 @@
 #   ROWS=11000000 CLIENTS=64 DEVICE=gpu bench/serve.sh
 #
 # Knobs: BIN (default target/release/sparse-knn), WORK (data and logs, default bench/data/serve),
-# PORT (default 50061), BASELINE=0 to skip the back-to-back run (an old binary against a new). Prints the bench's line (statements/s, p50/p90/p99/max latency) and the
-# baseline's lookups/s; the server's log is WORK/serve.log.
+# PORT (default 50061), BASELINE=0 to skip the back-to-back run (an old binary against a new),
+# SETUP (statements the server runs first, e.g. SET datafusion.execution.target_partitions = 4).
+# Prints the bench's line (statements/s, p50/p90/p99/max latency) and the baseline's lookups/s;
+# the server's log is WORK/serve.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/sparse-knn}
@@ -27,6 +29,7 @@ DOCS="$WORK/nytimes_$ROWS.parquet"
 # lookup takes one of them as its left side.
 STEP=$(( ROWS / LOOKUPS ))
 cat > "$WORK/warmup.sql" <<SQL
+${SETUP:-}
 CREATE EXTERNAL TABLE docs STORED AS PARQUET LOCATION '$DOCS';
 CREATE TABLE q AS SELECT * FROM docs WHERE id % $STEP = 1;
 SELECT max(neighbor_id) FROM knn_join((SELECT * FROM q WHERE id = 1), docs, 'cosine', 10, 'device=$DEVICE');

@@ -168,3 +168,9 @@ def test_a_prepared_lookup_takes_its_key_as_a_parameter(server):
         assert result.column("neighbor_doc_id").to_pylist() == written_out.column("neighbor_doc_id").to_pylist()
         assert result.column("distance").to_pylist() == written_out.column("distance").to_pylist()
     assert bound[4].column("neighbor_doc_id").to_pylist()[0] == 4
+    # The same with a `?` placeholder, as JDBC and ODBC clients write it.
+    with _connect(url) as connection, connection.cursor() as cursor:
+        cursor.execute(template.replace("$1", "?"), parameters=(97,))
+        marked = cursor.fetch_arrow_table()
+    assert marked.column("neighbor_doc_id").to_pylist() == bound[97].column("neighbor_doc_id").to_pylist()
+    assert marked.column("distance").to_pylist() == bound[97].column("distance").to_pylist()

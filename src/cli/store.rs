@@ -151,7 +151,8 @@ pub fn s3_store(bucket: &str) -> Result<Arc<dyn ObjectStore>> {
 
 /// The session's URL tables (`SELECT * FROM 's3://bucket/x.parquet'`, and `knn_join` arguments
 /// given as URLs): DataFusion's, except that an object-store URL that cannot be read is an error
-/// with the store's reason (credentials, bucket, endpoint) rather than "table not found".
+/// with the store's reason (credentials, bucket, endpoint) rather than "table not found", and
+/// that a local index file or folder (`SELECT * FROM 'docs.skidx'`) is its stored rows.
 #[derive(Debug, Default)]
 pub struct UrlTables {
     inner: DynamicListTableFactory,
@@ -166,6 +167,23 @@ impl UrlTables {
 #[async_trait]
 impl UrlTableFactory for UrlTables {
     async fn try_new(&self, url: &str) -> Result<Option<Arc<dyn TableProvider>>> {
+        if crate::index::is_index_path(url) && !is_object_store_url(url) {
+            // Within a server's read roots like any path the planner reads.
+            let config = self
+                .inner
+                .session_store()
+                .get_session()
+                .upgrade()
+                .and_then(|s| {
+                    s.read()
+                        .as_any()
+                        .downcast_ref::<datafusion::execution::context::SessionState>()
+                        .map(|state| state.config_options().as_ref().clone())
+                })
+                .unwrap_or_default();
+            let argument = format!("'{url}'");
+            return crate::planner::path_table("FROM", &argument, url, &config).map(Some);
+        }
         let found = self.inner.try_new(url).await?;
         if found.is_some() || !is_object_store_url(url) {
             return Ok(found);

@@ -42,7 +42,9 @@ use filtered::{filtered_right, left_from_kept};
 pub use gather::{gather, gathered, in_file_order, GatherExec};
 pub use logical::SparseJoinNode;
 pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};
-pub use source::{is_object_store_url, looks_like_path, url_table_failure, with_url_tables};
+pub use source::{
+    is_object_store_url, looks_like_path, path_table, url_table_failure, with_url_tables,
+};
 pub use spec::{
     JoinKind, JoinSpec, Layout, OptionsSource, DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX,
     RANK_COLUMN,

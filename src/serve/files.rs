@@ -212,6 +212,12 @@ impl UrlTableFactory for ConfinedUrlTables {
         if let Err(why) = self.roots.check(std::path::Path::new(local)) {
             return if bare { Ok(None) } else { plan_err!("{why}") };
         }
+        if crate::index::is_index_path(local) && std::path::Path::new(local).exists() {
+            // An index file or folder: its stored rows (checked under the roots above; an index
+            // folder's segments are names inside it).
+            let table = crate::index::IndexTable::open(std::path::Path::new(local))?;
+            return Ok(Some(Arc::new(table)));
+        }
         match self.inner.try_new(url).await? {
             Some(table) => Ok(Some(table)),
             None if bare => Ok(None),

@@ -10,6 +10,7 @@
 
 pub mod auth;
 pub mod files;
+mod placeholders;
 pub mod service;
 
 use std::net::SocketAddr;

@@ -1,6 +1,6 @@
 //! The Flight SQL service over one shared session: statements and prepared statements, with
-//! `$1`-style parameters bound by the client (what ADBC drivers and the Flight SQL JDBC driver
-//! send), planned against the session as it is,
+//! `$1`-style or `?` parameters bound by the client (what ADBC drivers and the Flight SQL JDBC
+//! driver send), planned against the session as it is,
 //! checked (read-only unless allowed; reads confined to the roots), run with a bound on how
 //! many run at once and an optional deadline, and streamed back as Arrow IPC.
 
@@ -96,10 +96,11 @@ impl SqlEndpoint {
     /// `sql` planned against the session as it is now, refused if it would write while writes
     /// are not allowed. Planning reads nothing outside the roots (the planner checks paths).
     async fn plan(&self, sql: &str) -> Result<LogicalPlan, Status> {
+        let sql = super::placeholders::numbered(sql)?;
         let plan = self
             .ctx
             .state()
-            .create_logical_plan(sql)
+            .create_logical_plan(&sql)
             .await
             .map_err(status_of)?;
         self.sql_options().verify_plan(&plan).map_err(|e| {

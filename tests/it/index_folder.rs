@@ -190,6 +190,17 @@ async fn an_index_folder_refreshes_with_its_new_files_alone_and_answers_like_the
         .unwrap()
         .value(0);
     assert_eq!(n, 160);
+    // A plain SELECT names the folder as it names a file.
+    let printed = String::from_utf8(
+        cli()
+            .args(["sql", "--format", "csv", "-c"])
+            .arg(format!("SELECT count(*) AS n FROM '{}'", index.display()))
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(printed.trim(), "n\n160", "{printed}");
     // A session keeps the loaded index while the manifest stands, and loads the folder again
     // once a refresh replaced it.
     let lookup = format!(
@@ -199,11 +210,20 @@ async fn an_index_folder_refreshes_with_its_new_files_alone_and_answers_like_the
     );
     let counters = ["index_built", "index_loaded", "index_reused"];
     let session = datafusion_sparse_knn::session_context();
-    assert_eq!(explain_counters(&session, &lookup, &counters).await, [0, 1, 0]);
-    assert_eq!(explain_counters(&session, &lookup, &counters).await, [0, 0, 1]);
+    assert_eq!(
+        explain_counters(&session, &lookup, &counters).await,
+        [0, 1, 0]
+    );
+    assert_eq!(
+        explain_counters(&session, &lookup, &counters).await,
+        [0, 0, 1]
+    );
     write_parquet(&folder.join("d.parquet"), &counts(30, 98), 4000);
     ok(&mut index_command(&folder, &index, &[]));
-    assert_eq!(explain_counters(&session, &lookup, &counters).await, [0, 1, 0]);
+    assert_eq!(
+        explain_counters(&session, &lookup, &counters).await,
+        [0, 1, 0]
+    );
     // Only the manifest's segments, the one before's, and the lock remain: no temporary file.
     for entry in std::fs::read_dir(&index).unwrap() {
         let name = entry.unwrap().file_name().to_string_lossy().to_string();

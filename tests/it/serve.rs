@@ -219,6 +219,45 @@ async fn answers_equal_the_local_engine_for_statements_and_prepared_statements()
             "doc_id = {id}"
         );
     }
+    // JDBC's `?` placeholders, numbered in order; a `?` in a string is text.
+    let template = "SELECT '?' AS mark, doc_id FROM docs WHERE doc_id = ? OR doc_id = ? \
+                    ORDER BY doc_id";
+    let mut marked = c.prepare(template.to_string(), None).await.unwrap();
+    let names: Vec<String> = marked
+        .parameter_schema()
+        .unwrap()
+        .fields()
+        .iter()
+        .map(|f| f.name().clone())
+        .collect();
+    assert_eq!(names, ["$1", "$2"]);
+    let (a, b) = (doc(7), doc(2));
+    marked
+        .set_parameters(
+            RecordBatch::try_from_iter([
+                (
+                    "$1",
+                    std::sync::Arc::new(arrow::array::Int64Array::from(vec![a])) as _,
+                ),
+                (
+                    "$2",
+                    std::sync::Arc::new(arrow::array::Int64Array::from(vec![b])) as _,
+                ),
+            ])
+            .unwrap(),
+        )
+        .unwrap();
+    let info = marked.execute().await.unwrap();
+    let served = fetch(&mut c, info).await.unwrap();
+    let written_out = format!(
+        "SELECT '?' AS mark, doc_id FROM docs WHERE doc_id = {a} OR doc_id = {b} ORDER BY doc_id"
+    );
+    assert_eq!(
+        text(&served),
+        text(&local_query(&reference, &written_out).await)
+    );
+    assert_eq!(served.iter().map(|b| b.num_rows()).sum::<usize>(), 2);
+    marked.close().await.unwrap();
     // Two rows of values at once are refused with a reason.
     let two = arrow::array::Int64Array::from(vec![doc(1), doc(2)]);
     prepared
@@ -339,8 +378,34 @@ async fn paths_outside_the_roots_are_refused_in_every_form() {
     let link = link.display();
     let links = folders.root.join("links/");
     let links = links.display();
+    // Index files, one under the root and one outside.
+    for (parquet, index) in [
+        (
+            folders.root.join("docs.parquet"),
+            folders.root.join("docs.skidx"),
+        ),
+        (
+            folders.outside.join("secret.parquet"),
+            folders.outside.join("secret.skidx"),
+        ),
+    ] {
+        let local = datafusion_sparse_knn::session_context();
+        let frame = local
+            .read_parquet(parquet.to_str().unwrap(), Default::default())
+            .await
+            .unwrap();
+        datafusion_sparse_knn::index::SparseIndex::build(frame, &["cosine"], "")
+            .await
+            .unwrap()
+            .save(&index)
+            .unwrap();
+    }
+    let secret_index = folders.outside.join("secret.skidx");
+    let secret_index = secret_index.display();
     let outside = folders.outside.display();
     let attempts = [
+        format!("SELECT count(*) FROM '{secret_index}'"),
+        format!("SELECT count(*) FROM knn_join(docs, '{secret_index}', 'cosine', 1)"),
         format!("SELECT count(*) FROM knn_join(docs, '{secret}', 'cosine', 1)"),
         format!("SELECT count(*) FROM knn_join('{secret}', docs, 'cosine', 1)"),
         format!("SELECT count(*) FROM knn_join(docs, '{outside}', 'cosine', 1)"),
@@ -377,6 +442,13 @@ async fn paths_outside_the_roots_are_refused_in_every_form() {
         .await
         .unwrap();
     assert!(text(&rows).contains("4275"));
+    // The index file under the root: its stored rows.
+    let inside = format!(
+        "SELECT count(*) AS n FROM '{}'",
+        folders.root.join("docs.skidx").display()
+    );
+    let rows = query(&mut c, &inside).await.unwrap();
+    assert!(text(&rows).contains("4275"), "{}", text(&rows));
     server.stop().await.unwrap();
 }
 
