@@ -208,15 +208,7 @@ async fn a_growing_folder_is_held_in_segments_that_answer_like_a_fresh_build_for
 #[tokio::test]
 #[ignore = "needs a CUDA GPU"]
 async fn a_growing_folder_on_the_gpu_answers_like_a_fresh_build() {
-    use datafusion_sparse_knn::metric::MetricKind;
-    for kind in [
-        MetricKind::Cosine,
-        MetricKind::Dot,
-        MetricKind::Manhattan,
-        MetricKind::Minkowski,
-        MetricKind::JensenShannon,
-        MetricKind::Chebyshev,
-    ] {
+    for kind in datafusion_sparse_knn::metric::MetricKind::all() {
         grow_shrink_and_rewrite(kind, "gpu").await;
     }
 }
