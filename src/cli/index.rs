@@ -285,12 +285,11 @@ async fn index_folder(args: &IndexArgs, input: &Location, started: Instant) -> C
     let generation = previous.as_ref().map_or(0, |m| m.generation) + 1;
     let join_options = crate::options::session_options(ctx.copied_config().options())?
         .apply(&on_the_cpu(&options))?;
-    let partitions = ctx.copied_config().target_partitions();
-    let min_range = ctx
-        .copied_config()
-        .options()
-        .optimizer
-        .repartition_file_min_size;
+    let config = ctx.copied_config();
+    let (partitions, min_range) = (
+        config.target_partitions(),
+        config.options().optimizer.repartition_file_min_size,
+    );
     let mut segments = Vec::with_capacity(runs.len());
     let mut built = 0;
     for run in &runs {

@@ -169,17 +169,8 @@ impl UrlTableFactory for UrlTables {
     async fn try_new(&self, url: &str) -> Result<Option<Arc<dyn TableProvider>>> {
         if crate::index::is_index_path(url) && !is_object_store_url(url) {
             // Within a server's read roots like any path the planner reads.
-            let config = self
-                .inner
-                .session_store()
-                .get_session()
-                .upgrade()
-                .and_then(|s| {
-                    s.read()
-                        .as_any()
-                        .downcast_ref::<datafusion::execution::context::SessionState>()
-                        .map(|state| state.config_options().as_ref().clone())
-                })
+            let config = crate::planner::url_table_session(&self.inner)
+                .map(|state| state.config_options().as_ref().clone())
                 .unwrap_or_default();
             let argument = format!("'{url}'");
             return crate::planner::path_table("FROM", &argument, url, &config).map(Some);

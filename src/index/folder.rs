@@ -19,7 +19,6 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use arrow::array::RecordBatch;
@@ -29,7 +28,7 @@ use serde_json::{json, Value};
 
 use super::file::{IndexFile, StoredIndex};
 use super::identity::FileStamp;
-use super::segments::merge_groups;
+use super::segments::{merge_groups, runs_against, Run};
 use crate::cpu::CpuIndex;
 use crate::gpu::ColumnProfile;
 use crate::metric::Metric;
@@ -275,55 +274,13 @@ pub(crate) fn remove_unused(folder: &Path, current: &Manifest, previous: Option<
     }
 }
 
-/// A run of the source's files in a refreshed index folder: a segment of the manifest kept as it
-/// is, or files to read and build into a new segment.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Run {
-    /// The manifest's segment at this position, over these files.
-    Kept(usize, Range<usize>),
-    Build(Range<usize>),
-}
-
-impl Run {
-    pub(crate) fn files(&self) -> Range<usize> {
-        match self {
-            Run::Kept(_, files) | Run::Build(files) => files.clone(),
-        }
-    }
-}
-
 /// The runs of `files` (the source's files now, in row order) against the segments of
 /// `previous`: a segment whose files all appear unchanged where they fall is kept (the longest
 /// first), the files between are built; then runs of similar sizes merge as the session's
 /// segments do ([`merge_groups`]: about log2 n segments), the new files' rows estimated from
 /// their bytes at the kept segments' rows per byte.
 pub(crate) fn plan_runs(previous: &[SegmentEntry], files: &[FileStamp]) -> Vec<Run> {
-    let mut runs = Vec::new();
-    let mut pending: Option<usize> = None;
-    let mut at = 0;
-    while at < files.len() {
-        let kept = previous
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.sources.is_empty() && files[at..].starts_with(&s.sources))
-            .max_by_key(|(i, s)| (s.sources.len(), std::cmp::Reverse(*i)));
-        match kept {
-            Some((i, segment)) => {
-                if let Some(start) = pending.take() {
-                    runs.push(Run::Build(start..at));
-                }
-                runs.push(Run::Kept(i, at..at + segment.sources.len()));
-                at += segment.sources.len();
-            }
-            None => {
-                pending.get_or_insert(at);
-                at += 1;
-            }
-        }
-    }
-    if let Some(start) = pending {
-        runs.push(Run::Build(start..files.len()));
-    }
+    let mut runs = runs_against(previous, |s| &s.sources, files);
     let (kept_rows, kept_bytes) = runs
         .iter()
         .filter_map(|r| match r {

@@ -34,12 +34,12 @@ pub use cache::IndexCache;
 pub(crate) use cache::{task_cache, Lookup};
 pub use file::FORMAT_VERSION;
 pub(crate) use folder::{
-    changed_sources, holds_only_index_files, plan_runs, remove_unused, segment_name, Manifest, Run,
+    changed_sources, holds_only_index_files, plan_runs, remove_unused, segment_name, Manifest,
     SegmentEntry, WriterLock, MANIFEST,
 };
 pub(crate) use identity::{identify, FileStamp};
 pub(crate) use kept::{KeptSide, KeptVectors};
-pub(crate) use segments::{joined, merge_groups, reuse, Part, Segment, Segments};
+pub(crate) use segments::{joined, merge_groups, reuse, Part, Run, Segment, Segments};
 pub(crate) use table::stored_source;
 pub use table::{IndexScanExec, IndexTable};
 

@@ -73,35 +73,49 @@ pub(crate) enum Part {
     Build(Range<usize>),
 }
 
-/// The right side over `files` (in row order) from the segments of `previous` (the held versions
-/// of the side, most recently used first): every segment whose
-/// files appear unchanged and in a row where they fall is kept; the files between them are runs
-/// to build. A segment with a file rewritten, removed or split by a new file is built again (its
-/// current files are among the runs).
-pub(crate) fn reuse(previous: &[Arc<Segments>], files: &[FileStamp]) -> Vec<Part> {
-    let mut parts = Vec::new();
+/// A run of a side's files against segments of an earlier version: a segment kept as it is (its
+/// position among those offered, and the files it covers), or files to build.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Run {
+    Kept(usize, Range<usize>),
+    Build(Range<usize>),
+}
+
+impl Run {
+    pub(crate) fn files(&self) -> Range<usize> {
+        match self {
+            Run::Kept(_, files) | Run::Build(files) => files.clone(),
+        }
+    }
+}
+
+/// `files` (in row order) in runs against `segments` (each over the files `files_of` gives):
+/// every segment whose files appear unchanged and in a row where they fall is kept (the longest
+/// that fits, a merged segment rather than the ones it merged; then the first offered); the files
+/// between are runs to build. A segment with a file rewritten, removed or split by a new file is
+/// not kept (its current files are among the runs).
+pub(crate) fn runs_against<S>(
+    segments: &[S],
+    files_of: impl Fn(&S) -> &[FileStamp],
+    files: &[FileStamp],
+) -> Vec<Run> {
+    let mut runs = Vec::new();
     let mut pending: Option<usize> = None;
     let mut at = 0;
     while at < files.len() {
-        // The longest that fits: a merged segment rather than the ones it merged.
-        let kept = previous
+        let kept = segments
             .iter()
-            .flat_map(|p| p.list.iter())
-            .filter(|s| !s.files.is_empty() && files[at..].starts_with(&s.files))
-            .reduce(|best, s| {
-                if s.files.len() > best.files.len() {
-                    s
-                } else {
-                    best
-                }
-            });
+            .enumerate()
+            .map(|(i, s)| (i, files_of(s)))
+            .filter(|(_, kept)| !kept.is_empty() && files[at..].starts_with(kept))
+            .max_by_key(|(i, kept)| (kept.len(), std::cmp::Reverse(*i)));
         match kept {
-            Some(segment) => {
+            Some((i, kept)) => {
                 if let Some(start) = pending.take() {
-                    parts.push(Part::Build(start..at));
+                    runs.push(Run::Build(start..at));
                 }
-                at += segment.files.len();
-                parts.push(Part::Kept(segment.clone()));
+                runs.push(Run::Kept(i, at..at + kept.len()));
+                at += kept.len();
             }
             None => {
                 pending.get_or_insert(at);
@@ -110,9 +124,22 @@ pub(crate) fn reuse(previous: &[Arc<Segments>], files: &[FileStamp]) -> Vec<Part
         }
     }
     if let Some(start) = pending {
-        parts.push(Part::Build(start..files.len()));
+        runs.push(Run::Build(start..files.len()));
     }
-    parts
+    runs
+}
+
+/// The right side over `files` (in row order) from the segments of `previous` (the held versions
+/// of the side, most recently used first): [`runs_against`] every segment they hold.
+pub(crate) fn reuse(previous: &[Arc<Segments>], files: &[FileStamp]) -> Vec<Part> {
+    let held: Vec<&Segment> = previous.iter().flat_map(|p| p.list.iter()).collect();
+    runs_against(&held, |s| &s.files, files)
+        .into_iter()
+        .map(|run| match run {
+            Run::Kept(i, _) => Part::Kept(held[i].clone()),
+            Run::Build(files) => Part::Build(files),
+        })
+        .collect()
 }
 
 /// Runs of adjacent segments (by their rows) to merge, each of two or more: neighbours of sizes

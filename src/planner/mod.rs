@@ -43,7 +43,8 @@ pub use gather::{gather, gathered, in_file_order, GatherExec};
 pub use logical::SparseJoinNode;
 pub use shard::{plan_sharded, PartitionExec, ShardExec, ShardMergeExec, ShardedJoinExec, ROW_ID};
 pub use source::{
-    is_object_store_url, looks_like_path, path_table, url_table_failure, with_url_tables,
+    is_object_store_url, looks_like_path, path_table, url_table_failure, url_table_session,
+    with_url_tables,
 };
 pub use spec::{
     JoinKind, JoinSpec, Layout, OptionsSource, DISTANCE_COLUMN, NEIGHBOR_PREFIX, QUERY_PREFIX,

@@ -71,6 +71,18 @@ pub fn with_url_tables(
     ctx
 }
 
+/// The session a URL-table factory serves, while it lives.
+pub fn url_table_session(
+    factory: &datafusion::datasource::dynamic_file::DynamicListTableFactory,
+) -> Option<datafusion::execution::context::SessionState> {
+    use datafusion::execution::context::SessionState;
+    factory
+        .session_store()
+        .get_session()
+        .upgrade()
+        .and_then(|s| s.read().as_any().downcast_ref::<SessionState>().cloned())
+}
+
 /// Why DataFusion's URL-table factory found no table at `url`, which it does not say: the same
 /// steps taken again (parse, find the files and their format, read a schema) give the reason: a
 /// file the store refused, credentials, a missing folder.
@@ -80,13 +92,7 @@ pub async fn url_table_failure(
 ) -> datafusion::common::DataFusionError {
     use datafusion::common::plan_datafusion_err;
     use datafusion::datasource::listing::ListingTableConfigExt;
-    use datafusion::execution::context::SessionState;
-    let state = factory
-        .session_store()
-        .get_session()
-        .upgrade()
-        .and_then(|s| s.read().as_any().downcast_ref::<SessionState>().cloned());
-    let Some(state) = state else {
+    let Some(state) = url_table_session(factory) else {
         return plan_datafusion_err!("'{url}': the session is gone");
     };
     let why = match ListingTableUrl::parse(url) {
