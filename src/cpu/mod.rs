@@ -25,6 +25,7 @@ use datafusion::common::{exec_err, Result};
 pub use crate::join::{PairList, ProbeOptions, Selection};
 pub use dense_block::{dense_block, dense_block_symmetric, fills_dense_block};
 pub use index::CpuIndex;
+use keep::masked_valid;
 #[cfg(test)]
 use probe::probe_parts_with;
 pub use probe::{probe, probe_parts};
@@ -79,12 +80,7 @@ impl JoinIndex for CpuIndex {
                 self.rows
             );
         }
-        let valid: Vec<bool> = self
-            .valid
-            .iter()
-            .zip(mask.bits().iter())
-            .map(|(&v, m)| v & m)
-            .collect();
+        let valid = masked_valid(&self.valid, mask);
         self.probe_valid(left, selection, options, cancel, &valid)
     }
 

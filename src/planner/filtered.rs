@@ -19,7 +19,7 @@ use datafusion::catalog::Session;
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchema, Result};
 use datafusion::execution::context::SessionState;
-use datafusion::logical_expr::utils::conjunction;
+use datafusion::logical_expr::utils::{conjunction, split_conjunction_owned};
 use datafusion::logical_expr::{
     Expr, LogicalPlan, LogicalPlanBuilder, TableScan, TableScanBuilder,
 };
@@ -109,10 +109,12 @@ pub(super) async fn filtered_right(
     }
     // Above an alias, the predicates name the alias: the scan's columns are unambiguous
     // unqualified.
-    let predicates = predicates
-        .into_iter()
-        .map(unqualified)
-        .collect::<Result<Vec<_>>>()?;
+    let predicates = distinct_conjuncts(
+        predicates
+            .into_iter()
+            .map(unqualified)
+            .collect::<Result<Vec<_>>>()?,
+    );
     let Some(predicate) = conjunction(predicates) else {
         return Ok(None);
     };
@@ -202,13 +204,13 @@ pub(super) fn left_from_kept(
         return None;
     }
     let predicates = left_filters_right_source(&node.left, &node.right)?;
-    let predicate = conjunction(
+    let predicate = conjunction(distinct_conjuncts(
         predicates
             .into_iter()
             .map(unqualified)
             .collect::<Result<Vec<_>>>()
             .ok()?,
-    )?;
+    ))?;
     let right_schema = right.schema();
     let predicate = over_kept_columns(&predicate, &right_schema, &node.right_vector, session)?;
     let others: Vec<_> = right_schema
@@ -236,6 +238,19 @@ pub(super) fn left_from_kept(
         node.spec.function_name()
     );
     Some(LeftFromKept { predicate, columns })
+}
+
+/// Each conjunct of `predicates` once, in the order first seen: DataFusion keeps a filter above
+/// the scan it pushed the same predicate into (`TableScan::filters`, inexact), and a mask of both
+/// evaluated every row's predicate twice (half of a new filter's mask time).
+fn distinct_conjuncts(predicates: Vec<Expr>) -> Vec<Expr> {
+    let mut distinct: Vec<Expr> = Vec::new();
+    for conjunct in predicates.into_iter().flat_map(split_conjunction_owned) {
+        if !distinct.contains(&conjunct) {
+            distinct.push(conjunct);
+        }
+    }
+    distinct
 }
 
 fn unqualified(expr: Expr) -> Result<Expr> {

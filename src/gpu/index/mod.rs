@@ -471,6 +471,7 @@ impl GpuIndex {
     /// right side's parts are streamed, which then run alone), with the context bound to this
     /// thread.
     fn with_device<R>(&self, f: impl FnOnce(&Inner, &Lanes<'_>) -> Result<R>) -> Result<R> {
+        let asked = std::time::Instant::now();
         let lanes = match self.inner.resident {
             Some(_) => self.device.take_lane(),
             None => self.device.take_all_lanes(),
@@ -480,6 +481,13 @@ impl GpuIndex {
             .ctx
             .bind_to_thread()
             .map_err(cuda_err("binding the CUDA context"))?;
-        f(&self.inner, &lanes)
+        let bound = asked.elapsed();
+        let answer = f(&self.inner, &lanes);
+        log::debug!(
+            "GPU {}: a lane after {bound:?}, held {:?}",
+            self.device.ordinal,
+            asked.elapsed() - bound
+        );
+        answer
     }
 }
