@@ -107,15 +107,7 @@ pub(super) async fn filtered_right(
     if !same_columns {
         return Ok(None);
     }
-    // Above an alias, the predicates name the alias: the scan's columns are unambiguous
-    // unqualified.
-    let predicates = distinct_conjuncts(
-        predicates
-            .into_iter()
-            .map(unqualified)
-            .collect::<Result<Vec<_>>>()?,
-    );
-    let Some(predicate) = conjunction(predicates) else {
+    let Some(predicate) = conjoined_once(predicates)? else {
         return Ok(None);
     };
     let mask_scan = LogicalPlan::TableScan(
@@ -204,13 +196,7 @@ pub(super) fn left_from_kept(
         return None;
     }
     let predicates = left_filters_right_source(&node.left, &node.right)?;
-    let predicate = conjunction(distinct_conjuncts(
-        predicates
-            .into_iter()
-            .map(unqualified)
-            .collect::<Result<Vec<_>>>()
-            .ok()?,
-    ))?;
+    let predicate = conjoined_once(predicates).ok()??;
     let right_schema = right.schema();
     let predicate = over_kept_columns(&predicate, &right_schema, &node.right_vector, session)?;
     let others: Vec<_> = right_schema
@@ -240,17 +226,20 @@ pub(super) fn left_from_kept(
     Some(LeftFromKept { predicate, columns })
 }
 
-/// Each conjunct of `predicates` once, in the order first seen: DataFusion keeps a filter above
-/// the scan it pushed the same predicate into (`TableScan::filters`, inexact), and a mask of both
-/// evaluated every row's predicate twice (half of a new filter's mask time).
-fn distinct_conjuncts(predicates: Vec<Expr>) -> Vec<Expr> {
+/// `predicates` as one predicate over unqualified columns (above an alias they name the alias;
+/// the scan's columns are unambiguous unqualified), each conjunct once, in the order first seen:
+/// DataFusion keeps a filter above the scan it pushed the same predicate into
+/// (`TableScan::filters`, inexact), and a mask of both evaluated every row's predicate twice
+/// (half of a new filter's mask time). None where there is no predicate.
+fn conjoined_once(predicates: Vec<Expr>) -> Result<Option<Expr>> {
     let mut distinct: Vec<Expr> = Vec::new();
     for conjunct in predicates.into_iter().flat_map(split_conjunction_owned) {
+        let conjunct = unqualified(conjunct)?;
         if !distinct.contains(&conjunct) {
             distinct.push(conjunct);
         }
     }
-    distinct
+    Ok(conjunction(distinct))
 }
 
 fn unqualified(expr: Expr) -> Result<Expr> {
