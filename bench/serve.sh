@@ -9,8 +9,8 @@
 # Knobs: BIN (default target/release/sparse-knn), WORK (data and logs, default bench/data/serve),
 # PORT (default 50061), BASELINE=0 to skip the back-to-back run (an old binary against a new),
 # SETUP (statements the server runs first, e.g. SET datafusion.execution.target_partitions = 4).
-# Prints the bench's line (statements/s, p50/p90/p99/max latency) and the baseline's lookups/s;
-# the server's log is WORK/serve.log.
+# Prints the bench's line (statements/s, p50/p90/p99/max latency), the server's CPU time a lookup
+# and the baseline's lookups/s; the server's log is WORK/serve.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/release/sparse-knn}
@@ -50,7 +50,13 @@ for _ in $(seq 600); do
     sleep 0.5
 done
 grep -q "sparse-knn serve: listening on" "$WORK/serve.log" || { echo "the server did not start"; exit 1; }
+# The server's CPU time over the run (user + system clock ticks, /proc/PID/stat fields 14-15),
+# per lookup: where the cores of a machine that serves go.
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER/stat"; }
+BEFORE=$(cpu_ticks)
 RUST_LOG=warn "$BIN" bench serve --server "grpc://127.0.0.1:$PORT" --statements "$WORK/lookups.sql" --clients "$CLIENTS"
+AFTER=$(cpu_ticks)
+echo "server CPU: $(( (AFTER - BEFORE) * 1000 / $(getconf CLK_TCK) )) ms for $LOOKUPS lookups, $(( (AFTER - BEFORE) * 1000000 / $(getconf CLK_TCK) / LOOKUPS )) us a lookup, on $(nproc) cores"
 kill $SERVER; wait $SERVER 2>/dev/null || true
 
 [ "${BASELINE:-1}" = 0 ] && exit 0

@@ -199,8 +199,12 @@ pub async fn run_script(
         // statements after it.
         let plan = ctx.state().statement_to_plan(statement).await?;
         let df = ctx.execute_logical_plan(plan).await?;
+        let logical = started.elapsed();
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let mut stream = df.execute_stream().await?;
+        let task = Arc::new(df.task_ctx());
+        let physical = df.create_physical_plan().await?;
+        let planned = started.elapsed();
+        let mut stream = datafusion::physical_plan::execute_stream(physical, task)?;
         let mut batches = Vec::new();
         let mut rows = 0u64;
         while let Some(batch) = stream.next().await {
@@ -213,9 +217,14 @@ pub async fn run_script(
                 printer.write(&batch)?;
             }
         }
+        // Where a statement's time went: SQL to an optimized logical plan, to a physical plan
+        // (the physical optimizer), and running it.
         log::debug!(
-            "sql: a statement ran in {:?} ({rows} rows)",
-            started.elapsed()
+            "sql: a statement ran in {:?} ({rows} rows): logical plan {logical:?}, physical \
+             plan {:?}, run {:?}",
+            started.elapsed(),
+            planned - logical,
+            started.elapsed() - planned
         );
         printer.statement_done(started, rows);
         if !schema.fields().is_empty() {

@@ -175,12 +175,30 @@ impl UrlTableFactory for UrlTables {
             let argument = format!("'{url}'");
             return crate::planner::path_table("FROM", &argument, url, &config).map(Some);
         }
+        if names_table_function(&self.inner, url) {
+            return Ok(None);
+        }
         let found = self.inner.try_new(url).await?;
         if found.is_some() || !is_object_store_url(url) {
             return Ok(found);
         }
         Err(crate::planner::url_table_failure(&self.inner, url).await)
     }
+}
+
+/// Whether `name` is a table function of the factory's session: DataFusion resolves the name of
+/// every FROM item before planning, `knn_join(...)` included, and a URL table's lookup of it
+/// (a HEAD of `./knn_join`, its format guessed) was a tenth of a one-row lookup's planning.
+fn names_table_function(factory: &DynamicListTableFactory, name: &str) -> bool {
+    use datafusion::execution::context::SessionState;
+    let Some(session) = factory.session_store().get_session().upgrade() else {
+        return false;
+    };
+    let session = session.read();
+    session
+        .as_any()
+        .downcast_ref::<SessionState>()
+        .is_some_and(|state| state.table_functions().contains_key(name))
 }
 
 #[cfg(test)]

@@ -3,12 +3,13 @@
 //! other columns for the output, the key groups, and the memory it holds.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use arrow::array::{ArrayRef, RecordBatch, UInt32Array};
 use datafusion::common::Result;
 use datafusion::execution::memory_pool::MemoryReservation;
 
+use super::Zones;
 use crate::join::{GroupMembers, JoinIndex, KeyGroups};
 
 /// The right side, ready to probe.
@@ -39,6 +40,8 @@ pub(crate) struct KeptSide {
     /// A side held in segments (`segments.rs`): the segments' own sides, whose indexes are this
     /// side's shards (held here with the memory they reserved). Empty for a side built whole.
     pub(crate) segments: Vec<Arc<KeptSide>>,
+    /// Zone maps of `others`, made by the first statement that filters the side (`zones`).
+    pub(crate) zones: OnceLock<Option<Arc<Zones>>>,
 }
 
 impl KeptSide {
@@ -67,7 +70,30 @@ impl KeptSide {
             ),
             within_groups: Default::default(),
             segments: Vec::new(),
+            zones: OnceLock::new(),
         }
+    }
+
+    /// The zone maps of `others` (see `index::zones`), made once a side; None where they could
+    /// not be made (a predicate is then evaluated over every row).
+    pub(crate) fn zones(&self) -> Option<Arc<Zones>> {
+        self.zones
+            .get_or_init(|| match Zones::of(&self.others) {
+                // Held as long as the side, in the session's pool with it (a few KB a column
+                // per million rows).
+                Ok(zones) => match self._reservation.try_grow(zones.memory_size()) {
+                    Ok(()) => Some(Arc::new(zones)),
+                    Err(e) => {
+                        log::debug!("no zone maps of the kept columns: {e}");
+                        None
+                    }
+                },
+                Err(e) => {
+                    log::debug!("no zone maps of the kept columns: {e}");
+                    None
+                }
+            })
+            .clone()
     }
 
     /// The groups of column `column` of `others` (see `within_groups`).

@@ -17,6 +17,7 @@ mod identity;
 mod kept;
 mod segments;
 mod table;
+mod zones;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -42,6 +43,7 @@ pub(crate) use kept::{KeptSide, KeptVectors};
 pub(crate) use segments::{joined, merge_groups, reuse, Part, Run, Segment, Segments};
 pub(crate) use table::stored_source;
 pub use table::{IndexScanExec, IndexTable};
+pub(crate) use zones::{Zones, ZONE_ROWS};
 
 use crate::cpu::CpuIndex;
 use crate::device::{resolve_device, Device};

@@ -232,6 +232,7 @@ pub(crate) fn joined(
         _reservation: Arc::new(reservation),
         within_groups: Default::default(),
         segments: parts.to_vec(),
+        zones: Default::default(),
     })
 }
 

@@ -12,12 +12,9 @@ use datafusion_sparse_knn::vector::VectorCheck;
 use datafusion_sparse_knn::{Metric, SparseBatch};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
-/// The binary cargo built, or `SPARSE_KNN_BIN` (the GPU machine runs this test binary away from
-/// the build tree).
+/// The binary, run from the crate's folder where there is one.
 fn bin() -> Command {
-    let exe = std::env::var("SPARSE_KNN_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sparse-knn").to_string());
-    let mut c = Command::new(exe);
+    let mut c = Command::new(crate::common::sparse_knn_bin());
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     if root.is_dir() {
         c.current_dir(root);

@@ -22,6 +22,12 @@ use rand::{Rng, SeedableRng};
 /// A row as `(index, value)` pairs in any order; `None` is a NULL vector.
 pub type Row = Option<Vec<(i32, f32)>>;
 
+/// The `sparse-knn` cargo built, or `SPARSE_KNN_BIN` (the GPU machine runs the test binary away
+/// from the build tree).
+pub fn sparse_knn_bin() -> String {
+    std::env::var("SPARSE_KNN_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_sparse-knn").to_string())
+}
+
 pub fn rng(seed: u64) -> StdRng {
     StdRng::seed_from_u64(seed)
 }

@@ -27,10 +27,13 @@ fn masked_gpu_probes_answer_as_the_cpu_for_every_metric() {
         ("none", vec![false; 1500]),
     ];
     for kind in MetricKind::all() {
+        // Seen with --nocapture: a fresh machine compiles each metric's kernels here.
+        let started = std::time::Instant::now();
         let metric = metric_of(kind);
         let cpu = CpuIndex::build(&right, &metric);
         let gpu = GpuIndex::build(&right, &metric, &GpuOptions::default())
             .unwrap_or_else(|e| panic!("{kind:?}: build: {e}"));
+        eprintln!("{kind:?}: built in {:?}", started.elapsed());
         for (name, pass) in &masks {
             let mask = RowMask::new(pass.clone());
             for selection in [Selection::Nearest(9)] {
@@ -73,6 +76,7 @@ fn masked_gpu_probes_answer_as_the_cpu_for_every_metric() {
                 }
             }
         }
+        eprintln!("{kind:?}: probed in {:?}", started.elapsed());
     }
 }
 

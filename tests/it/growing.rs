@@ -69,8 +69,7 @@ fn one_cli_process_sees_the_file_its_own_statement_wrote() {
          SELECT count(*) AS n FROM '{f}/';\n",
         f = folder.display()
     );
-    let exe = std::env::var("SPARSE_KNN_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sparse-knn").to_string());
+    let exe = crate::common::sparse_knn_bin();
     let out = Command::new(exe)
         .args(["sql", "--format", "csv", "-c", &script])
         .output()
@@ -416,8 +415,7 @@ fn a_folder_of_hundreds_of_files_plans_and_joins_in_the_cli() {
          'cosine', 3, 'device=cpu');\n",
         f = folder.display()
     );
-    let exe = std::env::var("SPARSE_KNN_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_sparse-knn").to_string());
+    let exe = crate::common::sparse_knn_bin();
     let mut child = Command::new(exe)
         .args(["sql", "--format", "csv", "-c", &script])
         .stdout(std::process::Stdio::piped())

@@ -217,9 +217,8 @@ async fn an_index_value_is_probed_saved_opened_and_registered_as_a_table() {
     }
 }
 
-/// The path of the built `sparse-knn`.
 fn cli() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sparse-knn"))
+    Command::new(crate::common::sparse_knn_bin())
 }
 
 fn run_ok(command: &mut Command) -> String {

@@ -19,7 +19,7 @@ use crate::growing::{answer, assert_equal_but_rounding, rounding, uncached_sessi
 const OPTIONS: &str = "p=3, dim=60";
 
 fn cli() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sparse-knn"))
+    Command::new(crate::common::sparse_knn_bin())
 }
 
 fn index_command(folder: &Path, output: &Path, extra: &[&str]) -> Command {
@@ -348,7 +348,7 @@ fn a_process_querying_while_another_refreshes_reads_the_old_index_or_the_new() {
                  2>/dev/null || exit 1",
                 src = folder.join("a.parquet").display(),
                 dst = folder.join(format!("z{i}.parquet")).display(),
-                cli = env!("CARGO_BIN_EXE_sparse-knn"),
+                cli = crate::common::sparse_knn_bin(),
                 folder = folder.display(),
                 index = index.display(),
             )

@@ -134,7 +134,9 @@ impl BuildJob {
         let (context, name) = (Arc::clone(&self.context), self.name);
         let passed = self.metrics.rows_passed.clone();
         let mask_time = self.metrics.mask_time.clone();
+        let started = std::time::Instant::now();
         let side = self.kept_side().await?;
+        let kept_after = started.elapsed();
         self.metrics.segments.set(side.segments.len().max(1));
         let mask = match mask_plan {
             None => None,
@@ -145,8 +147,9 @@ impl BuildJob {
                         let side = Arc::clone(&side);
                         SpawnedTask::spawn_blocking(move || {
                             super::kept_left::rows_passing(
-                                predicate.as_ref(),
+                                &predicate,
                                 &side.others,
+                                side.zones().as_deref(),
                                 name,
                                 "right",
                             )
@@ -158,6 +161,12 @@ impl BuildJob {
                     _ => read_mask(plan, &context, side.rows, name).await?,
                 };
                 passed.add(mask.passing());
+                log::debug!(
+                    "{name}: the right side in {kept_after:?}, its mask ({} of {} rows pass) in {:?}",
+                    mask.passing(),
+                    mask.len(),
+                    started.elapsed() - kept_after
+                );
                 Some(mask)
             }
         };
@@ -559,6 +568,7 @@ impl BuildJob {
             _reservation: reservation,
             within_groups: Default::default(),
             segments: Vec::new(),
+            zones: Default::default(),
         })
     }
 

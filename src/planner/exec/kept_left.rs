@@ -14,7 +14,7 @@ use datafusion::common::{exec_err, Result};
 use datafusion::physical_expr::PhysicalExpr;
 use rayon::prelude::*;
 
-use crate::index::KeptVectors;
+use crate::index::{KeptVectors, Zones};
 
 /// Where each left column comes from in the kept side, and which rows the left side is.
 #[derive(Debug)]
@@ -29,12 +29,13 @@ pub struct LeftFromKept {
 /// side's row order, a batch per run of rows read together.
 pub(super) fn left_rows(
     others: &RecordBatch,
+    zones: Option<&Zones>,
     vectors: &KeptVectors,
     left: &LeftFromKept,
     schema: &SchemaRef,
     name: &str,
 ) -> Result<Vec<RecordBatch>> {
-    let passed = rows_passing(left.predicate.as_ref(), others, name, "left")?;
+    let passed = rows_passing(&left.predicate, others, zones, name, "left")?;
     let rows: Vec<u32> = passed.set_indices_u32().collect();
     let mut batches = Vec::new();
     for (first, vector_piece) in vectors.take(&rows)? {
@@ -53,28 +54,34 @@ pub(super) fn left_rows(
     Ok(batches)
 }
 
-/// Rows of `batch` a slice evaluates at once (see [`rows_passing`]): 8K rows make a 64-bit
-/// column's intermediate 64 KB, which stays in a core's cache and under the allocator's mmap
-/// threshold (at 64K rows each slice's arrays were fresh pages, faulted in and unmapped again:
-/// half of a 50% filter's mask time over 1M rows).
-const PREDICATE_SLICE: usize = 1 << 13;
+/// Rows of `batch` a slice evaluates at once (see [`rows_passing`]), a zone of the kept side's
+/// zone maps: 8K rows make a 64-bit column's intermediate 64 KB, which stays in a core's cache
+/// and under the allocator's mmap threshold (at 64K rows each slice's arrays were fresh pages,
+/// faulted in and unmapped again: half of a 50% filter's mask time over 1M rows).
+const PREDICATE_SLICE: usize = crate::index::ZONE_ROWS;
 
 /// Whether each row of `batch` (a kept side's other columns) passes `predicate`, a bit a row, a
 /// NULL not passing as in a WHERE: evaluated a slice of rows per core (a row's value depends on
 /// its row alone), so that a new predicate over 11M kept rows costs milliseconds, not a core's
 /// 0.1 s; the slices' bits are joined as they came (whole bytes: a slice is a multiple of 8 rows).
+/// A slice the `zones` of `batch` rule out is not evaluated: none of its rows passes.
 pub(super) fn rows_passing(
-    predicate: &dyn PhysicalExpr,
+    predicate: &Arc<dyn PhysicalExpr>,
     batch: &RecordBatch,
+    zones: Option<&Zones>,
     name: &str,
     side: &str,
 ) -> Result<BooleanBuffer> {
     let rows = batch.num_rows();
+    let may_pass = zones.and_then(|zones| zones.may_pass(predicate));
     let slices: Vec<Result<BooleanBuffer>> = (0..rows.div_ceil(PREDICATE_SLICE))
         .into_par_iter()
         .map(|i| {
             let start = i * PREDICATE_SLICE;
             let len = PREDICATE_SLICE.min(rows - start);
+            if may_pass.as_ref().is_some_and(|keep| !keep[i]) {
+                return Ok(BooleanBuffer::new_unset(len));
+            }
             let values = predicate
                 .evaluate(&batch.slice(start, len))?
                 .into_array(len)?;

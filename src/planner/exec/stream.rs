@@ -99,6 +99,7 @@ pub(super) fn probe_stream(parts: StreamParts) -> impl Stream<Item = Result<Reco
                             SpawnedTask::spawn_blocking(move || match &side.vectors {
                                 Some(vectors) => super::kept_left::left_rows(
                                     &side.others,
+                                    side.zones().as_deref(),
                                     vectors,
                                     &left,
                                     &schema,
