@@ -115,7 +115,7 @@ pub struct SparseJoinPlanner;
 impl ExtensionPlanner for SparseJoinPlanner {
     async fn plan_extension(
         &self,
-        planner: &dyn PhysicalPlanner,
+        _planner: &dyn PhysicalPlanner,
         node: &dyn UserDefinedLogicalNode,
         _logical_inputs: &[&LogicalPlan],
         physical_inputs: &[Arc<dyn ExecutionPlan>],
@@ -127,7 +127,7 @@ impl ExtensionPlanner for SparseJoinPlanner {
         };
         let device = resolve_device(node.spec.function_name(), node.spec.options.device)?;
         let (left, right) = (&physical_inputs[0], &physical_inputs[1]);
-        if let Some(filtered) = filtered_right(node, planner, session, right).await? {
+        if let Some(filtered) = filtered_right(node, session, right).await? {
             let left_from_kept = left_from_kept(node, session, left, &filtered.right, true);
             let join = SparseJoinExec::try_new_masked(
                 Arc::clone(&node.spec),

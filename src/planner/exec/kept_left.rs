@@ -73,30 +73,44 @@ pub(super) fn rows_passing(
     side: &str,
 ) -> Result<BooleanBuffer> {
     let rows = batch.num_rows();
+    let slice_len = |i: usize| PREDICATE_SLICE.min(rows - i * PREDICATE_SLICE);
+    let evaluate = |i: usize| {
+        let len = slice_len(i);
+        let values = predicate
+            .evaluate(&batch.slice(i * PREDICATE_SLICE, len))?
+            .into_array(len)?;
+        if values.len() != len {
+            return exec_err!(
+                "{name}: the {side} side's filter gave {} values for {len} rows",
+                values.len()
+            );
+        }
+        passing_bits(values.as_ref(), name, side)
+    };
+    let slices = rows.div_ceil(PREDICATE_SLICE);
     let may_pass = zones.and_then(|zones| zones.may_pass(predicate));
-    let slices: Vec<Result<BooleanBuffer>> = (0..rows.div_ceil(PREDICATE_SLICE))
-        .into_par_iter()
-        .map(|i| {
-            let start = i * PREDICATE_SLICE;
-            let len = PREDICATE_SLICE.min(rows - start);
-            if may_pass.as_ref().is_some_and(|keep| !keep[i]) {
-                return Ok(BooleanBuffer::new_unset(len));
-            }
-            let values = predicate
-                .evaluate(&batch.slice(start, len))?
-                .into_array(len)?;
-            if values.len() != len {
-                return exec_err!(
-                    "{name}: the {side} side's filter gave {} values for {len} rows",
-                    values.len()
-                );
-            }
-            passing_bits(values.as_ref(), name, side)
-        })
-        .collect();
+    let read: Vec<usize> = match &may_pass {
+        Some(keep) => (0..slices).filter(|&i| keep[i]).collect(),
+        None => (0..slices).collect(),
+    };
+    // A few slices (a key, a narrow range) on this thread: handing them to the pool cost more
+    // than they do.
+    let evaluated: Vec<Result<BooleanBuffer>> = if read.len() <= 4 {
+        read.iter().map(|&i| evaluate(i)).collect()
+    } else {
+        read.par_iter().map(|&i| evaluate(i)).collect()
+    };
     let mut bits = BooleanBufferBuilder::new(rows);
-    for slice in slices {
-        bits.append_buffer(&slice?);
+    let mut evaluated = read.iter().zip(evaluated);
+    let mut next = evaluated.next();
+    for i in 0..slices {
+        match next {
+            Some((&at, slice)) if at == i => {
+                bits.append_buffer(&slice?);
+                next = evaluated.next();
+            }
+            _ => bits.append_n(slice_len(i), false),
+        }
     }
     Ok(bits.finish())
 }
