@@ -8,7 +8,7 @@
 #   bench/filtered.sh FILE.parquet [cpu|gpu]     # FILE: `sparse-knn generate --shape nytimes ...`
 #
 # Knobs: BIN (default target/release/sparse-knn), ROUNDS (default 20), QUERY_ID (the lookup's row,
-# default 4242), OUT (keep the session's statement log there).
+# default 4242), STATEMENT_LOG (keep the session's statement log there).
 set -euo pipefail
 FILE=$(realpath "$1")
 DEVICE=${2:-cpu}
@@ -17,7 +17,7 @@ ROUNDS=${ROUNDS:-20}
 QUERY_ID=${QUERY_ID:-4242}
 ROWS=$("$BIN" sql -c "SELECT count(*) AS n FROM '$FILE'" 2>/dev/null | grep -oE '[0-9]+' | tail -1)
 SQL=$(mktemp --suffix .sql)
-LOG=${OUT:-$(mktemp)}
+LOG=${STATEMENT_LOG:-$(mktemp)}
 trap 'rm -f "$SQL"' EXIT
 # kind|predicate, {r} the round (each round's predicate a new one; `(id + r) % m` keeps its share).
 KINDS=(

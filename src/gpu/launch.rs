@@ -165,9 +165,7 @@ impl PartLaunch<'_> {
         // The dense columns' product, unless a left value lies outside its range (the inverted
         // lists then take those columns too).
         let dense = self.part.dense.as_ref().filter(|_| {
-            !self.lower_bounds
-                && !self.shared_only
-                && left.values()[e0..e1].par_iter().all(|&v| dense_value_ok(v))
+            !self.lower_bounds && !self.shared_only && dense_values_ok(&left.values()[e0..e1])
         });
         let m_pad = (r1 - r0).div_ceil(DENSE_TILE_M) * DENSE_TILE_M;
         let needed = needed + dense.map_or(0, |d| dense_launch_bytes(d, m_pad));
@@ -382,7 +380,7 @@ impl PartLaunch<'_> {
             }
             let end = device
                 .stream
-                .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                .record_event(Some(crate::gpu::device::WAITED_EVENT))
                 .map_err(cuda_err("recording an event"))?;
             end.synchronize().map_err(cuda_err("running the kernel"))?;
             let ms = start
@@ -446,10 +444,8 @@ impl PartLaunch<'_> {
             pairs.left = download(device, &r_left, n)?;
             pairs.right = download(device, &r_right, n)?;
             let (first_left, first_right) = (r0 as u32, self.first_row as u32);
-            pairs.left.par_iter_mut().for_each(|l| *l += first_left);
-            if first_right != 0 {
-                pairs.right.par_iter_mut().for_each(|r| *r += first_right);
-            }
+            add_to_each(&mut pairs.left, first_left);
+            add_to_each(&mut pairs.right, first_right);
             pairs.distance = if self.lower_bounds {
                 // Candidates' lower bounds: the exact step computes every candidate's distance
                 // and reads only its rows, so the bounds stay on the device.
@@ -556,7 +552,7 @@ impl PartLaunch<'_> {
         unsafe { b.launch(cfg) }.map_err(cuda_err("launching the kernel"))?;
         let end = device
             .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .record_event(Some(crate::gpu::device::WAITED_EVENT))
             .map_err(cuda_err("recording an event"))?;
         end.synchronize()
             .map_err(cuda_err("running the dense product"))?;
@@ -672,6 +668,30 @@ fn nearest_of_groups(
         }
     }
     out
+}
+
+/// Whether every value of a launch's left rows lies in the dense product's range: a lookup's
+/// few values on the calling thread (waking the pool's threads for them cost more than the check:
+/// a server's lookups each launch one), a batch's on every core.
+fn dense_values_ok(values: &[f32]) -> bool {
+    if values.len() < crate::vector::SMALL_ENTRIES {
+        values.iter().all(|&v| dense_value_ok(v))
+    } else {
+        values.par_iter().all(|&v| dense_value_ok(v))
+    }
+}
+
+/// `offset` added to each of a launch's row numbers (in place), on the calling thread where a
+/// lookup's few pairs do not pay for the pool.
+fn add_to_each(rows: &mut [u32], offset: u32) {
+    if offset == 0 {
+        return;
+    }
+    if rows.len() < crate::vector::SMALL_ENTRIES {
+        rows.iter_mut().for_each(|r| *r += offset);
+    } else {
+        rows.par_iter_mut().for_each(|r| *r += offset);
+    }
 }
 
 #[cfg(test)]

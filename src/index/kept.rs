@@ -78,20 +78,16 @@ impl KeptSide {
     /// not be made (a predicate is then evaluated over every row).
     pub(crate) fn zones(&self) -> Option<Arc<Zones>> {
         self.zones
-            .get_or_init(|| match Zones::of(&self.others) {
-                // Held as long as the side, in the session's pool with it (a few KB a column
-                // per million rows).
-                Ok(zones) => match self._reservation.try_grow(zones.memory_size()) {
-                    Ok(()) => Some(Arc::new(zones)),
-                    Err(e) => {
-                        log::debug!("no zone maps of the kept columns: {e}");
-                        None
-                    }
-                },
-                Err(e) => {
-                    log::debug!("no zone maps of the kept columns: {e}");
-                    None
-                }
+            .get_or_init(|| {
+                Zones::of(&self.others)
+                    .and_then(|zones| {
+                        // Held as long as the side, in the session's pool with it (a few KB a
+                        // column per million rows).
+                        self._reservation.try_grow(zones.memory_size())?;
+                        Ok(Arc::new(zones))
+                    })
+                    .inspect_err(|e| log::debug!("no zone maps of the kept columns: {e}"))
+                    .ok()
             })
             .clone()
     }

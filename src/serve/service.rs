@@ -4,9 +4,10 @@
 //! checked (read-only unless allowed; reads confined to the roots), run with a bound on how
 //! many run at once and an optional deadline, and streamed back as Arrow IPC.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arrow::array::RecordBatch;
@@ -62,7 +63,25 @@ pub struct SqlEndpoint {
     sql_info: SqlInfoData,
     slots: Arc<Semaphore>,
     statements: AtomicU64,
+    /// Plans made to answer GetFlightInfo, taken by the DoGet that follows (see `Planned`).
+    planned: Mutex<VecDeque<Planned>>,
+    plans_reused: AtomicU64,
 }
+
+/// A statement planned for its schema (GetFlightInfo), kept for the DoGet of its ticket that a
+/// client sends next: planning a one-row lookup twice cost a millisecond of CPU of each lookup a
+/// server answers. Taken once; only where clients cannot change the catalogue in between
+/// (read-only servers), and only for a few seconds.
+struct Planned {
+    handle: bytes::Bytes,
+    at: Instant,
+    plan: LogicalPlan,
+}
+
+/// Plans kept for their DoGet: a client that never fetches leaves one behind until it ages out or
+/// newer ones push it out.
+const MOST_PLANS_KEPT: usize = 256;
+const PLAN_KEPT_FOR: Duration = Duration::from_secs(10);
 
 impl SqlEndpoint {
     pub fn new(ctx: SessionContext, limits: Limits) -> Self {
@@ -82,7 +101,48 @@ impl SqlEndpoint {
             sql_info,
             slots,
             statements: AtomicU64::new(0),
+            planned: Mutex::new(VecDeque::new()),
+            plans_reused: AtomicU64::new(0),
         }
+    }
+
+    /// Statements whose DoGet ran the plan their GetFlightInfo made.
+    pub fn plans_reused(&self) -> u64 {
+        self.plans_reused.load(Ordering::Relaxed)
+    }
+
+    fn keep_plan(&self, statement: &Prepared, plan: &LogicalPlan) -> Result<(), Status> {
+        if self.limits.allow_writes {
+            return Ok(());
+        }
+        let handle = statement.handle()?;
+        let now = Instant::now();
+        let mut planned = self.planned.lock().unwrap_or_else(|e| e.into_inner());
+        while planned.front().is_some_and(|p| {
+            now.duration_since(p.at) > PLAN_KEPT_FOR || planned.len() >= MOST_PLANS_KEPT
+        }) {
+            planned.pop_front();
+        }
+        planned.push_back(Planned {
+            handle,
+            at: now,
+            plan: plan.clone(),
+        });
+        Ok(())
+    }
+
+    fn kept_plan(&self, statement: &Prepared) -> Option<LogicalPlan> {
+        if self.limits.allow_writes {
+            return None;
+        }
+        let handle = statement.handle().ok()?;
+        let mut planned = self.planned.lock().unwrap_or_else(|e| e.into_inner());
+        let at = planned
+            .iter()
+            .rposition(|p| p.handle == handle && p.at.elapsed() <= PLAN_KEPT_FOR)?;
+        let kept = planned.remove(at)?;
+        self.plans_reused.fetch_add(1, Ordering::Relaxed);
+        Some(kept.plan)
     }
 
     fn sql_options(&self) -> SQLOptions {
@@ -145,6 +205,7 @@ impl SqlEndpoint {
     ) -> Result<Response<FlightInfo>, Status> {
         let plan = self.plan_bound(statement).await?;
         let schema = plan.schema().as_arrow().clone();
+        self.keep_plan(statement, &plan)?;
         info_of(&schema, ticket, descriptor)
     }
 
@@ -201,7 +262,10 @@ impl SqlEndpoint {
         let started = Instant::now();
         log::info!("serve: statement {id} from {peer}: {}", one_line(sql));
         let outcome = async {
-            let plan = self.plan_bound(statement).await?;
+            let plan = match self.kept_plan(statement) {
+                Some(plan) => plan,
+                None => self.plan_bound(statement).await?,
+            };
             let df = self
                 .ctx
                 .execute_logical_plan(plan)
@@ -714,6 +778,84 @@ impl FlightSqlService for SqlEndpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn rows_of(response: Response<DoGetStream>) -> Vec<RecordBatch> {
+        let data = response.into_inner().map_err(FlightError::from);
+        FlightRecordBatchStream::new_from_flight_data(data)
+            .try_collect()
+            .await
+            .unwrap()
+    }
+
+    async fn info_then_get(endpoint: &SqlEndpoint, sql: &str) -> Vec<RecordBatch> {
+        let query = CommandStatementQuery {
+            query: sql.to_string(),
+            transaction_id: None,
+        };
+        let info = endpoint
+            .get_flight_info_statement(
+                query,
+                Request::new(FlightDescriptor::new_cmd(sql.to_string())),
+            )
+            .await
+            .unwrap()
+            .into_inner();
+        let ticket = info.endpoint[0].ticket.clone().unwrap();
+        let ticket =
+            TicketStatementQuery::decode(Any::decode(ticket.ticket.clone()).unwrap().value)
+                .unwrap();
+        rows_of(
+            endpoint
+                .do_get_statement(ticket, Request::new(Ticket::new(sql.to_string())))
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    fn limits(allow_writes: bool) -> Limits {
+        Limits {
+            allow_writes,
+            max_statements: 2,
+            statement_timeout: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_ticket_runs_the_plan_its_flight_info_made_once() {
+        let endpoint = SqlEndpoint::new(SessionContext::new(), limits(false));
+        let sql = "SELECT v * 2 AS twice FROM (VALUES (1), (2), (3)) AS t(v)";
+        let batches = info_then_get(&endpoint, sql).await;
+        let twice = arrow::compute::concat_batches(&batches[0].schema(), &batches).unwrap();
+        assert_eq!(
+            twice.column(0).as_ref(),
+            &arrow::array::Int64Array::from(vec![2, 4, 6]) as &dyn arrow::array::Array
+        );
+        assert_eq!(endpoint.plans_reused(), 1);
+        // The same ticket again: its plan was taken, so it is planned anew (and answers alike).
+        let again = rows_of(
+            endpoint
+                .do_get_statement(
+                    TicketStatementQuery {
+                        statement_handle: sql.as_bytes().to_vec().into(),
+                    },
+                    Request::new(Ticket::new(sql.to_string())),
+                )
+                .await
+                .unwrap(),
+        )
+        .await;
+        assert_eq!(again, batches);
+        assert_eq!(endpoint.plans_reused(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_server_that_allows_writes_plans_each_ticket_when_it_runs() {
+        let endpoint = SqlEndpoint::new(SessionContext::new(), limits(true));
+        let batches = info_then_get(&endpoint, "SELECT 7 AS x").await;
+        assert_eq!(batches[0].num_rows(), 1);
+        assert_eq!(endpoint.plans_reused(), 0);
+    }
 
     #[test]
     fn long_statements_are_logged_on_one_cut_line() {

@@ -318,9 +318,15 @@ fn reject_negative_indices(
     let (first, last) = (offsets[0] as usize, offsets[offsets.len() - 1] as usize);
     // On every core, each block without an early exit (so that it vectorises): an index file's
     // batch of a shard holds 2.1B entries.
-    let any_negative = indices[first..last]
-        .par_chunks(1 << 16)
-        .any(|block| block.iter().fold(false, |any, &i| any | (i < 0)));
+    let negative_in = |block: &[i32]| block.iter().fold(false, |any, &i| any | (i < 0));
+    let entries = &indices[first..last];
+    // A lookup's few rows on the calling thread (the pool's threads woken for each would cost
+    // more than the check).
+    let any_negative = if entries.len() < super::SMALL_ENTRIES {
+        negative_in(entries)
+    } else {
+        entries.par_chunks(1 << 16).any(negative_in)
+    };
     if !any_negative {
         return Ok(());
     }

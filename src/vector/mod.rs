@@ -22,6 +22,10 @@ use rayon::prelude::*;
 pub const INDICES: &str = "indices";
 pub const VALUES: &str = "values";
 
+/// Stored entries below which a pass over a batch stays on the calling thread: a lookup's or a
+/// few lookups' rows, where waking the pool's threads costs more than the pass.
+pub(crate) const SMALL_ENTRIES: usize = 1 << 16;
+
 /// A batch of sparse vectors in CSR form, validated.
 ///
 /// Indices are held in an `i32` buffer (the canonical Arrow type's) but mean the `u32` of their
@@ -346,7 +350,7 @@ impl SparseBatch {
                 base += nnz as i32;
             }
         }
-        jobs.into_par_iter().for_each(|(b, base, o, i, v)| {
+        let copy = |(b, base, o, i, v): (&SparseBatch, i32, &mut [i32], &mut [i32], &mut [f32])| {
             let first = b.offsets[0] as usize;
             let last = b.offsets[b.len()] as usize;
             i.copy_from_slice(&b.indices[first..last]);
@@ -355,7 +359,14 @@ impl SparseBatch {
             for (out, &offset) in o.iter_mut().zip(&b.offsets[1..]) {
                 *out = offset + shift;
             }
-        });
+        };
+        // A few lookups' rows launched together (a server's) on the calling thread: handing
+        // them to the pool wakes its threads for microseconds of copying.
+        if total < SMALL_ENTRIES {
+            jobs.into_iter().for_each(copy);
+        } else {
+            jobs.into_par_iter().for_each(copy);
+        }
         let mut valid = Vec::with_capacity(rows);
         for b in batches {
             valid.extend((0..b.len()).map(|r| !b.is_null(r)));

@@ -174,7 +174,7 @@ fn launch(
     unsafe { b.launch(cfg) }.map_err(cuda_err("launching the exact step"))?;
     let end = device
         .stream
-        .record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+        .record_event(Some(crate::gpu::device::WAITED_EVENT))
         .map_err(cuda_err("recording an event"))?;
     end.synchronize()
         .map_err(cuda_err("running the exact step"))?;

@@ -89,10 +89,8 @@ pub(super) fn rows_passing(
     };
     let slices = rows.div_ceil(PREDICATE_SLICE);
     let may_pass = zones.and_then(|zones| zones.may_pass(predicate));
-    let read: Vec<usize> = match &may_pass {
-        Some(keep) => (0..slices).filter(|&i| keep[i]).collect(),
-        None => (0..slices).collect(),
-    };
+    let read_slice = |i: usize| may_pass.as_ref().is_none_or(|keep| keep[i]);
+    let read: Vec<usize> = (0..slices).filter(|&i| read_slice(i)).collect();
     // A few slices (a key, a narrow range) on this thread: handing them to the pool cost more
     // than they do.
     let evaluated: Vec<Result<BooleanBuffer>> = if read.len() <= 4 {
@@ -101,15 +99,11 @@ pub(super) fn rows_passing(
         read.par_iter().map(|&i| evaluate(i)).collect()
     };
     let mut bits = BooleanBufferBuilder::new(rows);
-    let mut evaluated = read.iter().zip(evaluated);
-    let mut next = evaluated.next();
+    let mut evaluated = evaluated.into_iter();
     for i in 0..slices {
-        match next {
-            Some((&at, slice)) if at == i => {
-                bits.append_buffer(&slice?);
-                next = evaluated.next();
-            }
-            _ => bits.append_n(slice_len(i), false),
+        match read_slice(i).then(|| evaluated.next()).flatten() {
+            Some(slice) => bits.append_buffer(&slice?),
+            None => bits.append_n(slice_len(i), false),
         }
     }
     Ok(bits.finish())
