@@ -6,22 +6,21 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
-use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute, CUresult};
+use cudarc::driver::sys::{CUdevice_attribute, CUevent_flags, CUfunction_attribute, CUresult};
 use cudarc::driver::{
     CudaContext, CudaEvent, CudaFunction, CudaModule, CudaStream, DriverError, PinnedHostSlice,
     PushKernelArg,
 };
 use cudarc::nvrtc::Ptx;
+use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
+
+use super::kernels::{self, MetricProgram, Origin};
 
 /// The flags of the event a thread waits on for a launch to end: the thread sleeps until the
 /// device is done instead of spinning on a core (the default). A server's lookups each waited
 /// out their kernels on a core of their own (0.5-1.3 ms a launch against 11M rows), cores that
 /// the other clients' statements needed for planning.
-pub(crate) const WAITED_EVENT: cudarc::driver::sys::CUevent_flags =
-    cudarc::driver::sys::CUevent_flags::CU_EVENT_BLOCKING_SYNC;
-use datafusion::common::{exec_datafusion_err, DataFusionError, Result};
-
-use super::kernels::{self, MetricProgram, Origin};
+pub(crate) const WAITED_EVENT: CUevent_flags = CUevent_flags::CU_EVENT_BLOCKING_SYNC;
 
 /// Turns a driver error into a DataFusion error that says what was being done.
 pub(crate) fn cuda_err(what: &str) -> impl FnOnce(DriverError) -> DataFusionError + '_ {
