@@ -8,6 +8,8 @@
 #
 # Knobs: BIN (default target/release/sparse-knn), WORK (data and logs, default bench/data/serve),
 # PORT (default 50061), BASELINE=0 to skip the back-to-back run (an old binary against a new),
+# PREPARED=1 to run the lookup as a prepared statement (`... WHERE id = $1`, each client prepares
+# it once and binds each lookup's id),
 # SETUP (statements the server runs first, e.g. SET datafusion.execution.target_partitions = 4).
 # Prints the bench's line (statements/s, p50/p90/p99/max latency), the server's CPU time a lookup
 # and the baseline's lookups/s; the server's log is WORK/serve.log.
@@ -38,8 +40,15 @@ SQL
 for i in $(seq 0 $(( LOOKUPS - 1 ))); do
     echo "SELECT max(neighbor_id) FROM knn_join((SELECT * FROM q WHERE id = $(( i * STEP + 1 ))), docs, 'cosine', 10, 'device=$DEVICE');" >> "$WORK/lookups.sql"
 done
+echo "SELECT max(neighbor_id) FROM knn_join((SELECT * FROM q WHERE id = \$1), docs, 'cosine', 10, 'device=$DEVICE');" > "$WORK/prepared.sql"
+seq 1 "$STEP" $(( (LOOKUPS - 1) * STEP + 1 )) > "$WORK/ids.txt"
+if [ "${PREPARED:-0}" = 1 ]; then
+    STATEMENTS=(--statements "$WORK/prepared.sql" --parameters "$WORK/ids.txt")
+else
+    STATEMENTS=(--statements "$WORK/lookups.sql")
+fi
 
-echo "== serve: $ROWS rows, $LOOKUPS lookups, $CLIENTS clients, device=$DEVICE"
+echo "== serve: $ROWS rows, $LOOKUPS lookups, $CLIENTS clients, device=$DEVICE, prepared=${PREPARED:-0}"
 "$BIN" serve --bind "127.0.0.1:$PORT" --allow-path "$WORK" --max-statements "$CLIENTS" \
     "$WORK/warmup.sql" > /dev/null 2> "$WORK/serve.log" &
 SERVER=$!
@@ -54,7 +63,7 @@ grep -q "sparse-knn serve: listening on" "$WORK/serve.log" || { echo "the server
 # per lookup: where the cores of a machine that serves go.
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$SERVER/stat"; }
 BEFORE=$(cpu_ticks)
-RUST_LOG=warn "$BIN" bench serve --server "grpc://127.0.0.1:$PORT" --statements "$WORK/lookups.sql" --clients "$CLIENTS"
+RUST_LOG=warn "$BIN" bench serve --server "grpc://127.0.0.1:$PORT" "${STATEMENTS[@]}" --clients "$CLIENTS"
 AFTER=$(cpu_ticks)
 echo "server CPU: $(( (AFTER - BEFORE) * 1000 / $(getconf CLK_TCK) )) ms for $LOOKUPS lookups, $(( (AFTER - BEFORE) * 1000000 / $(getconf CLK_TCK) / LOOKUPS )) us a lookup, on $(nproc) cores"
 kill $SERVER; wait $SERVER 2>/dev/null || true

@@ -39,6 +39,10 @@ pub struct BenchArgs {
     /// serve: a file of statements, one a line, shared out among the clients in turn.
     #[arg(long, value_name = "FILE")]
     pub statements: Option<PathBuf>,
+    /// serve: run the one statement of --statements as a prepared statement (each client
+    /// prepares it once), its `$1` bound in turn to each line of FILE (an integer, or else text).
+    #[arg(long, value_name = "FILE")]
+    pub parameters: Option<PathBuf>,
     /// serve: clients running side by side, each on its own connection.
     #[arg(long, default_value_t = 16)]
     pub clients: usize,

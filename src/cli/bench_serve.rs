@@ -30,26 +30,70 @@ pub async fn run(args: &BenchArgs) -> CliResult<()> {
     if statements.is_empty() {
         cli_bail!("--statements {}: no statement", file.display());
     }
+    // --parameters: the one statement prepared by each client, `$1` bound to a line each.
+    let parameters: Option<Arc<Vec<String>>> = match args.parameters.as_deref() {
+        None => None,
+        Some(path) => {
+            if statements.len() != 1 {
+                cli_bail!(
+                    "bench serve --parameters: --statements {} holds {} statements; give the one \
+                     statement to prepare (with $1)",
+                    file.display(),
+                    statements.len()
+                );
+            }
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| CliError(format!("--parameters {}: {e}", path.display())))?;
+            let values: Vec<String> = text
+                .lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect();
+            if values.is_empty() {
+                cli_bail!("--parameters {}: no value", path.display());
+            }
+            Some(Arc::new(values))
+        }
+    };
     let token = super::serve::read_token(None)?;
     let mut remotes = Vec::new();
     for _ in 0..args.clients {
         remotes.push(Remote::connect(url, token.text().map(str::to_string), None).await?);
     }
-    eprintln!(
-        "bench serve: {} statements, {} clients, against {url}",
-        statements.len(),
-        args.clients
-    );
+    match &parameters {
+        None => eprintln!(
+            "bench serve: {} statements, {} clients, against {url}",
+            statements.len(),
+            args.clients
+        ),
+        Some(values) => eprintln!(
+            "bench serve: one prepared statement run with {} values, {} clients, against {url}",
+            values.len(),
+            args.clients
+        ),
+    }
     let started = Instant::now();
     let mut tasks = Vec::new();
     for (client, mut remote) in remotes.into_iter().enumerate() {
         let statements = Arc::clone(&statements);
         let clients = args.clients;
+        let parameters = parameters.clone();
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
-            for sql in statements.iter().skip(client).step_by(clients) {
+            let Some(values) = parameters else {
+                for sql in statements.iter().skip(client).step_by(clients) {
+                    let at = Instant::now();
+                    remote.query(sql).await?;
+                    latencies.push(at.elapsed());
+                }
+                return Ok::<_, CliError>(latencies);
+            };
+            let mut prepared = remote.prepare(&statements[0]).await?;
+            for value in values.iter().skip(client).step_by(clients) {
                 let at = Instant::now();
-                remote.query(sql).await?;
+                remote
+                    .run_prepared(&mut prepared, parameter_row(value)?)
+                    .await?;
                 latencies.push(at.elapsed());
             }
             Ok::<_, CliError>(latencies)
@@ -80,4 +124,14 @@ pub async fn run(args: &BenchArgs) -> CliResult<()> {
         at(1.0)
     );
     Ok(())
+}
+
+/// One row binding `$1` to `value`: an Int64 where it is an integer, else Utf8.
+fn parameter_row(value: &str) -> CliResult<arrow::record_batch::RecordBatch> {
+    let column: arrow::array::ArrayRef = match value.parse::<i64>() {
+        Ok(n) => Arc::new(arrow::array::Int64Array::from(vec![n])),
+        Err(_) => Arc::new(arrow::array::StringArray::from(vec![value])),
+    };
+    arrow::record_batch::RecordBatch::try_from_iter([("$1", column)])
+        .map_err(|e| CliError(format!("--parameters: {e}")))
 }

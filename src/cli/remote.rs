@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use arrow::datatypes::SchemaRef;
-use arrow_flight::sql::client::FlightSqlServiceClient;
+use arrow_flight::sql::client::{FlightSqlServiceClient, PreparedStatement};
 use datafusion::sql::parser::DFParser;
 use futures::TryStreamExt;
-use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use super::sql::Printer;
 use super::{CliError, CliResult};
@@ -77,6 +77,41 @@ impl Remote {
             .execute(sql.to_string(), None)
             .await
             .map_err(failed)?;
+        self.rows_of(info).await
+    }
+
+    /// Prepares `sql` on the server (once; run it with [`Remote::run_prepared`]).
+    pub async fn prepare(&mut self, sql: &str) -> CliResult<PreparedStatement<Channel>> {
+        self.client
+            .prepare(sql.to_string(), None)
+            .await
+            .map_err(|e| CliError(format!("{}: {}", self.url, flight_message(e))))
+    }
+
+    /// Runs a prepared statement with `values` bound to its parameters (a column each, one row).
+    pub async fn run_prepared(
+        &mut self,
+        statement: &mut PreparedStatement<Channel>,
+        values: arrow::record_batch::RecordBatch,
+    ) -> CliResult<(SchemaRef, Vec<arrow::record_batch::RecordBatch>)> {
+        let failed = |e: arrow_flight::error::FlightError| {
+            CliError(format!("{}: {}", self.url, flight_message(e)))
+        };
+        statement
+            .set_parameters(values)
+            .map_err(|e| CliError(format!("{}: {}", self.url, flight_message(e))))?;
+        let info = statement.execute().await.map_err(failed)?;
+        self.rows_of(info).await
+    }
+
+    /// The schema and rows of a statement's endpoints.
+    async fn rows_of(
+        &mut self,
+        info: arrow_flight::FlightInfo,
+    ) -> CliResult<(SchemaRef, Vec<arrow::record_batch::RecordBatch>)> {
+        let failed = |e: arrow_flight::error::FlightError| {
+            CliError(format!("{}: {}", self.url, flight_message(e)))
+        };
         let schema: SchemaRef = Arc::new(
             info.clone()
                 .try_decode_schema()

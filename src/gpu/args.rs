@@ -286,3 +286,19 @@ kernel_args! {
         out_stride: i64 = "long long",
     }
 }
+
+kernel_args! {
+    /// A filter's predicate over kept columns (`mask_program` in kernels/mask.cu).
+    MaskArgs {
+        /// (code, operand) pairs of `join::MaskProgram`, `n_ops` of them.
+        ops: DevPtr = "const long long*",
+        n_ops: i32 = "int",
+        /// Each slot's column: its keys, and its validity bits (0: no NULL).
+        n_columns: i32 = "int",
+        values: DevPtr = "const long long* const*",
+        valid: DevPtr = "const u32* const*",
+        rows: i64 = "long long",
+        /// A bit a row: row `32 w + b` at bit `b` of word `w`.
+        words: DevPtr = "u32*",
+    }
+}

@@ -9,7 +9,9 @@ use datafusion::common::{exec_datafusion_err, Result};
 #[path = "kernel_cache.rs"]
 pub mod cache;
 
-use super::args::{DenseArgs, DenseFillArgs, ExactArgs, FoldedArgs, ListArgs, MatrixArgs};
+use super::args::{
+    DenseArgs, DenseFillArgs, ExactArgs, FoldedArgs, ListArgs, MaskArgs, MatrixArgs,
+};
 use crate::metric::cuda::cuda_definition;
 use crate::metric::{KeyForm, Params, Reduction, RowTotals, Semiring};
 
@@ -18,6 +20,7 @@ const KERNELS: &str = include_str!("../../kernels/knn.cu");
 const DENSE: &str = include_str!("../../kernels/dense.cu");
 const EXACT: &str = include_str!("../../kernels/exact.cu");
 const MATRIX: &str = include_str!("../../kernels/matrix.cu");
+const MASK: &str = include_str!("../../kernels/mask.cu");
 
 /// Threads per block of the folded kernels (a multiple of 32; the scan assumes at most 1024).
 pub(crate) const FOLDED_THREADS: u32 = 512;
@@ -89,7 +92,7 @@ impl MetricProgram {
     }
 
     /// The entry points of this module.
-    pub fn kernel_names(&self) -> [&'static str; 6] {
+    pub fn kernel_names(&self) -> [&'static str; 7] {
         [
             "folded_knn",
             "folded_radius",
@@ -97,6 +100,7 @@ impl MetricProgram {
             "dense_gemm",
             "dense_fill",
             "distance_matrix",
+            "mask_program",
         ]
     }
 
@@ -151,7 +155,7 @@ fn certified<S: Semiring>() -> bool {
 pub fn module_source<S: Semiring>() -> String {
     let [(items, segments), (items_2, segments_2)] = seg_map_rule();
     format!(
-        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define MATRIX_THREADS {MATRIX_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}{DENSE}\n{EXACT}\n{MATRIX}",
+        "{PRELUDE}\n#define TOP_VALUES {}\n#define FOLDED_THREADS {FOLDED_THREADS}\n#define MATRIX_THREADS {MATRIX_THREADS}\n#define FOLDED_MIN_BLOCKS {}\n#define CERTIFIED_PROBES {}\n#define SEG_MAP_MIN_ITEMS {items}u\n#define SEG_MAP_MIN_SEGMENTS {segments}u\n#define SEG_MAP_MIN_ITEMS_2 {items_2}u\n#define SEG_MAP_MIN_SEGMENTS_2 {segments_2}u\n{}{}\n{}\n{}\n{}\n{}\n{}\n{}\n{}\n{KERNELS}{DENSE}\n{EXACT}\n{MATRIX}\n{MASK}",
         super::prepare::TOP_VALUES,
         folded_min_blocks(S::NAME),
         certified::<S>() as u8,
@@ -162,6 +166,7 @@ pub fn module_source<S: Semiring>() -> String {
         ListArgs::cuda_declaration(),
         ExactArgs::cuda_declaration(),
         MatrixArgs::cuda_declaration(),
+        MaskArgs::cuda_declaration(),
         cuda_definition::<S>()
     )
 }

@@ -25,6 +25,8 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use arrow::array::RecordBatch;
+use arrow::buffer::BooleanBuffer;
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
 #[doc(hidden)]
@@ -35,8 +37,8 @@ pub use stats::{process_stats, reset_process_stats, GpuOptions, GpuStats};
 
 use crate::join::{
     join_pieces, join_shards, max_chunk_nnz, probe_masked_by_growing, probe_within_groups,
-    split_row_ranges, Backend, Cancel, GroupedProbe, JoinIndex, MatrixOut, MatrixRows, PairList,
-    ProbeOptions, Probed, ReplicatedIndex, RowMask, Selection,
+    split_row_ranges, Backend, Cancel, GroupedProbe, JoinIndex, MaskProgram, MatrixOut, MatrixRows,
+    PairList, ProbeOptions, Probed, ReplicatedIndex, RowMask, Selection,
 };
 use crate::metric::{Metric, Semiring};
 use crate::vector::SparseBatch;
@@ -493,6 +495,15 @@ impl JoinIndex for GpuIndex {
             groups.filter,
             Some((groups.left, groups.right_groups())),
         ))
+    }
+
+    /// A kernel over the columns the program reads, kept on this GPU after their first upload.
+    fn mask_where_kept(
+        &self,
+        program: &MaskProgram,
+        columns: &RecordBatch,
+    ) -> Result<Option<BooleanBuffer>> {
+        self.mask_on_device(program, columns)
     }
 
     fn memory_size(&self) -> usize {

@@ -3,10 +3,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use arrow::array::RecordBatch;
+use arrow::buffer::BooleanBuffer;
 use datafusion::common::Result;
 
 use super::cancel::Cancel;
 use super::mask::{probe_masked_by_growing, RowMask};
+use super::mask_program::MaskProgram;
 use super::matrix::{matrix_by_probe, MatrixOut, MatrixRows};
 use super::pairs::PairList;
 use super::selection::{ProbeOptions, Selection};
@@ -102,6 +105,18 @@ pub trait JoinIndex: Send + Sync {
         cancel: &Cancel,
     ) -> Result<Probed> {
         probe_within_groups(self, left, groups, selection, options, cancel)
+    }
+
+    /// The rows of `columns` (the side's other columns, a row for each row indexed) that
+    /// `program` passes, computed where the index lives (a GPU's kernel over the columns it
+    /// keeps there); None where the index has no such place, or the columns no room there: the
+    /// host's cores then evaluate the predicate, as they do any other.
+    fn mask_where_kept(
+        &self,
+        _program: &MaskProgram,
+        _columns: &RecordBatch,
+    ) -> Result<Option<BooleanBuffer>> {
+        Ok(None)
     }
 
     /// Host memory held by the index while it lives, including per-thread probe workspace.

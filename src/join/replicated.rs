@@ -7,11 +7,14 @@
 
 use std::sync::Mutex;
 
+use arrow::array::RecordBatch;
+use arrow::buffer::BooleanBuffer;
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
 use super::mask::RowMask;
+use super::mask_program::MaskProgram;
 use super::matrix::{MatrixOut, MatrixRows};
 use super::selection::{ProbeOptions, Selection};
 use crate::metric::Metric;
@@ -313,6 +316,15 @@ impl JoinIndex for ReplicatedIndex {
     }
 
     /// One replica's host memory: the replicas share their host-side data.
+    /// The first replica's (each holds every row).
+    fn mask_where_kept(
+        &self,
+        program: &MaskProgram,
+        columns: &RecordBatch,
+    ) -> Result<Option<BooleanBuffer>> {
+        self.replicas[0].mask_where_kept(program, columns)
+    }
+
     fn memory_size(&self) -> usize {
         self.replicas[0].memory_size() + self.column_entries.as_ref().map_or(0, |c| c.len() * 4)
     }

@@ -5,11 +5,15 @@
 
 use std::sync::{Arc, OnceLock};
 
+use arrow::array::{BooleanBufferBuilder, RecordBatch};
+use arrow::buffer::BooleanBuffer;
 use datafusion::common::{exec_datafusion_err, exec_err, Result};
+use rayon::prelude::*;
 
 use super::backend::{JoinIndex, Probed};
 use super::cancel::Cancel;
 use super::mask::RowMask;
+use super::mask_program::MaskProgram;
 use super::matrix::{MatrixOut, MatrixRows};
 use super::merge::{merge_nearest, merge_within};
 use super::pairs::PairList;
@@ -278,6 +282,38 @@ impl JoinIndex for ShardedIndex {
             Some(groups),
             cancel,
         )
+    }
+
+    /// Each shard's rows where it is kept (the GPUs side by side), joined in row order; None
+    /// where any shard has no such place.
+    fn mask_where_kept(
+        &self,
+        program: &MaskProgram,
+        columns: &RecordBatch,
+    ) -> Result<Option<BooleanBuffer>> {
+        let rows: usize = self.shards.iter().map(|s| s.rows).sum();
+        if columns.num_rows() != rows {
+            return exec_err!(
+                "a filter over {} rows for an index of {rows} rows",
+                columns.num_rows()
+            );
+        }
+        let masks: Vec<Result<Option<BooleanBuffer>>> = self
+            .shards
+            .par_iter()
+            .map(|s| {
+                s.index
+                    .mask_where_kept(program, &columns.slice(s.first_row, s.rows))
+            })
+            .collect();
+        let mut bits = BooleanBufferBuilder::new(rows);
+        for mask in masks {
+            match mask? {
+                Some(shard) => bits.append_buffer(&shard),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(bits.finish()))
     }
 
     fn memory_size(&self) -> usize {

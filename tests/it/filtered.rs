@@ -179,3 +179,43 @@ async fn a_changed_source_is_built_again_never_masked_with_old_rows() {
     let want = answer(&collect(&ctx, fresh).await);
     common::assert_same_pairs(&got, &want, "after the rewrite");
 }
+
+/// On the GPU a filter the device can evaluate runs there (EXPLAIN ANALYZE: `mask_on_device=1`)
+/// and answers exactly as the same rows masked by the host's evaluation (the same predicate with
+/// a term the device cannot read, which changes no row): the same pairs, bit for bit.
+#[tokio::test]
+#[ignore = "needs a CUDA GPU"]
+async fn a_filter_run_on_the_gpu_answers_as_the_hosts_mask() {
+    let dir = tempfile::tempdir().unwrap();
+    let right = dir.path().join("right.parquet");
+    let left = dir.path().join("left.parquet");
+    // More rows than the device is worth for (64 slices of 8K rows).
+    let rows = 600_000;
+    write_parquet(&right, &counts(rows, 41), 0);
+    write_parquet(&left, &counts(5, 42), 10_000_000);
+    let ctx = session_with(right.to_str().unwrap(), left.to_str().unwrap()).await;
+    let sql = |predicate: &str| {
+        format!(
+            "SELECT * FROM knn_join(l, (SELECT * FROM r WHERE {predicate}), 'cosine', 7, \
+             'device=gpu')"
+        )
+    };
+    let names = ["index_reused", "mask_on_device", "rows_passed"];
+    collect(&ctx, &sql("id >= 0")).await;
+    for (predicate, passing) in [
+        ("id % 10 = 3", rows / 10),
+        ("(id + 7) % 1000 = 5", rows / 1000),
+        ("id % 2 = 0 AND id > 1000", rows / 2 - 501),
+        ("(id + 11) % 100000 = 0", rows / 100_000),
+    ] {
+        let on_host = format!("{predicate} AND CAST(id AS VARCHAR) <> 'x'");
+        let device_counters = explain_counters(&ctx, &sql(predicate), &names).await;
+        assert_eq!(device_counters, vec![1, 1, passing], "{predicate}");
+        let host_counters = explain_counters(&ctx, &sql(&on_host), &names).await;
+        assert_eq!(host_counters, vec![1, 0, passing], "{on_host}");
+        let device = answer(&collect(&ctx, &sql(predicate)).await);
+        let host = answer(&collect(&ctx, &sql(&on_host)).await);
+        assert_eq!(device.len(), 5 * 7, "{predicate}");
+        assert_eq!(device, host, "{predicate}");
+    }
+}

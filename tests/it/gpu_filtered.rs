@@ -148,3 +148,117 @@ fn grouped_gpu_probes_answer_as_the_cpu() {
         }
     }
 }
+
+/// Kept columns for the filter tests: an id, integers with NULLs and extremes, floats that order
+/// oddly (NaN, -0.0, infinities), flags with NULLs.
+fn kept_columns(rows: usize) -> arrow::array::RecordBatch {
+    use arrow::array::{BooleanArray, Float64Array, Int32Array, Int64Array, UInt64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+    let mut state = 99u64;
+    let mut next = move || {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        state >> 17
+    };
+    let id: Int64Array = (0..rows as i64).map(Some).collect();
+    let big: Int64Array = (0..rows)
+        .map(|i| match i % 101 {
+            0 => None,
+            1 => Some(i64::MAX - i as i64),
+            2 => Some(i64::MIN + i as i64),
+            _ => Some(next() as i64 - (1 << 45)),
+        })
+        .collect();
+    let small: Int32Array = (0..rows)
+        .map(|i| (i % 13 != 5).then(|| (next() % 2001) as i32 - 1000))
+        .collect();
+    let wide: UInt64Array = (0..rows).map(|_| Some(next() << 20)).collect();
+    let specials = [f64::NAN, -0.0, 0.0, f64::INFINITY, f64::NEG_INFINITY];
+    let score: Float64Array = (0..rows)
+        .map(|i| match i % 11 {
+            0 => None,
+            1 => Some(specials[i % specials.len()]),
+            _ => Some(((next() % 20001) as f64 - 10000.0) / 100.0),
+        })
+        .collect();
+    let flag: BooleanArray = (0..rows)
+        .map(|i| (i % 17 != 3).then(|| next() % 4 == 0))
+        .collect();
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("big", DataType::Int64, true),
+        Field::new("small", DataType::Int32, true),
+        Field::new("wide", DataType::UInt64, false),
+        Field::new("score", DataType::Float64, true),
+        Field::new("flag", DataType::Boolean, true),
+    ]);
+    arrow::array::RecordBatch::try_new(
+        Arc::new(schema),
+        vec![
+            Arc::new(id),
+            Arc::new(big),
+            Arc::new(small),
+            Arc::new(wide),
+            Arc::new(score),
+            Arc::new(flag),
+        ],
+    )
+    .unwrap()
+}
+
+/// A filter's program run by the GPU's kernel over kept columns gives DataFusion's answer bit
+/// for bit (rows not a multiple of 32, NULLs, wrapping arithmetic, floats by total order), and a
+/// second filter over the same columns reads the copies kept on the device.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn filters_run_on_the_gpu_answer_as_datafusion() {
+    use arrow::array::{Array, AsArray};
+    use datafusion::common::DFSchema;
+    use datafusion_sparse_knn::join::MaskProgram;
+    let rows = 100_003;
+    let right = batch(&counts(rows, 71));
+    let metric = metric_of(MetricKind::Cosine);
+    let gpu = GpuIndex::build(&right, &metric, &GpuOptions::default()).unwrap();
+    let columns = kept_columns(rows);
+    let ctx = datafusion::prelude::SessionContext::new();
+    let schema = DFSchema::try_from(columns.schema().as_ref().clone()).unwrap();
+    for sql in [
+        "id % 10 = 3",
+        "(id + 7) % 1000 = 5",
+        "(id + 3) % 10000 = 6",
+        "id >= 500 AND id < 90000 AND id % 2 = 1",
+        "id IN (0, 31, 32, 100002)",
+        "big % 7 = 2 OR big IS NULL",
+        "big * 3 + id > 0",
+        "big / 1000000 < -5",
+        "small > -10 AND NOT flag",
+        "small IN (1, 2, NULL)",
+        "wide > 9223372036854775807",
+        "score > 0.5 OR score = -0.0",
+        "score >= 1e308",
+        "flag IS NULL",
+        "id < 0",
+    ] {
+        let logical = ctx.parse_sql_expr(sql, &schema).unwrap();
+        let predicate = ctx.create_physical_expr(logical, &schema).unwrap();
+        let program = MaskProgram::compile(&predicate, columns.schema().as_ref())
+            .unwrap_or_else(|| panic!("{sql}: not compiled"));
+        let got = gpu
+            .mask_where_kept(&program, &columns)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{sql}: not run on the GPU"));
+        let want = predicate
+            .evaluate(&columns)
+            .unwrap()
+            .into_array(rows)
+            .unwrap();
+        let want = want.as_boolean();
+        assert_eq!(got.len(), rows, "{sql}");
+        for row in 0..rows {
+            let expected = want.is_valid(row) && want.value(row);
+            assert_eq!(got.value(row), expected, "{sql}: row {row}");
+        }
+    }
+}

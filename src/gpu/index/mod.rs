@@ -15,6 +15,7 @@
 //! - `probe.rs`: a probe cut into launches, run over the parts, merged;
 //! - `certified.rs`: the certified metrics' bounds, exact step and candidate pass;
 //! - `large_k.rs`: a k above the kernels' top-k, selected on the host;
+//! - `mask.rs`: a filter's predicate over kept columns, run in a kernel;
 //! - `matrix.rs`: the distance matrix of the folded metrics, a block of float64 on the device.
 
 use std::sync::atomic::AtomicU64;
@@ -41,6 +42,7 @@ mod coalesce;
 mod exact;
 mod large_k;
 mod layout;
+mod mask;
 mod matrix;
 mod probe;
 
@@ -96,6 +98,8 @@ pub struct GpuIndex {
     stats: Mutex<GpuStats>,
     /// Lookups waiting for a lane, launched together (`coalesce.rs`).
     coalescer: coalesce::Coalescer,
+    /// Kept columns a filter's program read, uploaded by the first (`mask.rs`), by column.
+    mask_columns: Mutex<mask::MaskColumns>,
 }
 
 impl std::fmt::Debug for GpuIndex {
@@ -311,6 +315,7 @@ impl GpuIndex {
             },
             stats: Mutex::new(stats),
             coalescer: Default::default(),
+            mask_columns: Default::default(),
         }
     }
 

@@ -81,6 +81,8 @@ pub(super) struct BuildMetrics {
     /// mask took (the predicate over the kept columns, or a read of the columns it needs).
     pub(super) rows_passed: Count,
     pub(super) mask_time: Time,
+    /// 1 when the mask was computed where the index is kept (a GPU's kernel), not on the host.
+    pub(super) masks_where_kept: Count,
     /// The rows this statement read and indexed (all of them for a build, none for a side taken
     /// from the cache, the new files' rows for a side that grew), and the side's segments.
     pub(super) rows_indexed: Count,
@@ -101,6 +103,7 @@ impl BuildMetrics {
             loaded: MetricBuilder::new(metrics).global_counter("index_loaded"),
             rows_passed: MetricBuilder::new(metrics).global_counter("rows_passed"),
             mask_time: MetricBuilder::new(metrics).subset_time("mask_time", 0),
+            masks_where_kept: MetricBuilder::new(metrics).global_counter("mask_on_device"),
             rows_indexed: MetricBuilder::new(metrics).global_counter("rows_indexed"),
             segments: MetricBuilder::new(metrics).global_gauge("index_segments"),
         }
@@ -145,7 +148,20 @@ impl BuildJob {
                 let mask = match over_kept {
                     Some(predicate) if side.others.num_rows() == side.rows => {
                         let side = Arc::clone(&side);
+                        let where_kept = self.metrics.masks_where_kept.clone();
                         SpawnedTask::spawn_blocking(move || {
+                            match super::kept_left::rows_passing_where_kept(&predicate, &side) {
+                                Ok(Some(bits)) => {
+                                    where_kept.add(1);
+                                    return Ok(RowMask::from_bits(bits));
+                                }
+                                Ok(None) => {}
+                                // (the host's answer is the same, only slower)
+                                Err(e) => log::warn!(
+                                    "{name}: the filter could not run where the index is kept \
+                                     ({e}); evaluated on the host"
+                                ),
+                            }
                             super::kept_left::rows_passing(
                                 &predicate,
                                 &side.others,

@@ -14,7 +14,8 @@ use datafusion::common::{exec_err, Result};
 use datafusion::physical_expr::PhysicalExpr;
 use rayon::prelude::*;
 
-use crate::index::{KeptVectors, Zones};
+use crate::index::{KeptSide, KeptVectors, Zones};
+use crate::join::MaskProgram;
 
 /// Where each left column comes from in the kept side, and which rows the left side is.
 #[derive(Debug)]
@@ -59,6 +60,36 @@ pub(super) fn left_rows(
 /// and under the allocator's mmap threshold (at 64K rows each slice's arrays were fresh pages,
 /// faulted in and unmapped again: half of a 50% filter's mask time over 1M rows).
 const PREDICATE_SLICE: usize = crate::index::ZONE_ROWS;
+
+/// Slices a filter must read, at least, before it runs where the index is kept: a key or a
+/// narrow range the zone maps leave to a few slices costs the host less than a launch and the
+/// mask's copy back.
+const SLICES_WORTH_A_DEVICE: usize = 64;
+
+/// [`rows_passing`] over `side`'s other columns where its index can evaluate `predicate` itself
+/// (a GPU's kernel over the columns it keeps there, see `join::MaskProgram`) and the zone maps
+/// leave more than a few slices to read; None otherwise. Bit for bit the host's answer.
+pub(super) fn rows_passing_where_kept(
+    predicate: &Arc<dyn PhysicalExpr>,
+    side: &KeptSide,
+) -> Result<Option<BooleanBuffer>> {
+    let slices = side.others.num_rows().div_ceil(PREDICATE_SLICE);
+    if slices <= SLICES_WORTH_A_DEVICE {
+        return Ok(None);
+    }
+    let zones = side.zones();
+    let to_read = zones
+        .as_deref()
+        .and_then(|zones| zones.may_pass(predicate))
+        .map_or(slices, |keep| keep.iter().filter(|&&k| k).count());
+    if to_read <= SLICES_WORTH_A_DEVICE {
+        return Ok(None);
+    }
+    let Some(program) = MaskProgram::compile(predicate, side.others.schema().as_ref()) else {
+        return Ok(None);
+    };
+    side.index.mask_where_kept(&program, &side.others)
+}
 
 /// Whether each row of `batch` (a kept side's other columns) passes `predicate`, a bit a row, a
 /// NULL not passing as in a WHERE: evaluated a slice of rows per core (a row's value depends on
