@@ -189,9 +189,19 @@ async fn a_filter_run_on_the_gpu_answers_as_the_hosts_mask() {
     let dir = tempfile::tempdir().unwrap();
     let right = dir.path().join("right.parquet");
     let left = dir.path().join("left.parquet");
-    // More rows than the device is worth for (64 slices of 8K rows).
+    // More rows than the device is worth for (64 slices of 8K rows), each a few raw counts (a
+    // cheap side of many rows: the test is the mask, not the probe).
     let rows = 600_000;
-    write_parquet(&right, &counts(rows, 41), 0);
+    let few_counts: Vec<common::Row> = (0..rows)
+        .map(|i| {
+            let c = (i % 997) as i32;
+            Some(vec![
+                (c, (1 + i % 4093) as f32),
+                (c + 1 + (i % 3) as i32, (1 + (i * 7) % 3001) as f32),
+            ])
+        })
+        .collect();
+    write_parquet(&right, &few_counts, 0);
     write_parquet(&left, &counts(5, 42), 10_000_000);
     let ctx = session_with(right.to_str().unwrap(), left.to_str().unwrap()).await;
     let sql = |predicate: &str| {
