@@ -69,14 +69,11 @@ impl Remote {
         &mut self,
         sql: &str,
     ) -> CliResult<(SchemaRef, Vec<arrow::record_batch::RecordBatch>)> {
-        let failed = |e: arrow_flight::error::FlightError| {
-            CliError(format!("{}: {}", self.url, flight_message(e)))
-        };
         let info = self
             .client
             .execute(sql.to_string(), None)
             .await
-            .map_err(failed)?;
+            .map_err(failed(&self.url))?;
         self.rows_of(info).await
     }
 
@@ -85,7 +82,7 @@ impl Remote {
         self.client
             .prepare(sql.to_string(), None)
             .await
-            .map_err(|e| CliError(format!("{}: {}", self.url, flight_message(e))))
+            .map_err(failed(&self.url))
     }
 
     /// Runs a prepared statement with `values` bound to its parameters (a column each, one row).
@@ -94,13 +91,10 @@ impl Remote {
         statement: &mut PreparedStatement<Channel>,
         values: arrow::record_batch::RecordBatch,
     ) -> CliResult<(SchemaRef, Vec<arrow::record_batch::RecordBatch>)> {
-        let failed = |e: arrow_flight::error::FlightError| {
-            CliError(format!("{}: {}", self.url, flight_message(e)))
-        };
         statement
             .set_parameters(values)
-            .map_err(|e| CliError(format!("{}: {}", self.url, flight_message(e))))?;
-        let info = statement.execute().await.map_err(failed)?;
+            .map_err(failed(&self.url))?;
+        let info = statement.execute().await.map_err(failed(&self.url))?;
         self.rows_of(info).await
     }
 
@@ -109,9 +103,6 @@ impl Remote {
         &mut self,
         info: arrow_flight::FlightInfo,
     ) -> CliResult<(SchemaRef, Vec<arrow::record_batch::RecordBatch>)> {
-        let failed = |e: arrow_flight::error::FlightError| {
-            CliError(format!("{}: {}", self.url, flight_message(e)))
-        };
         let schema: SchemaRef = Arc::new(
             info.clone()
                 .try_decode_schema()
@@ -122,12 +113,21 @@ impl Remote {
             let Some(ticket) = endpoint.ticket else {
                 continue;
             };
-            let stream = self.client.do_get(ticket).await.map_err(failed)?;
-            let mut part: Vec<_> = stream.try_collect().await.map_err(failed)?;
+            let stream = self
+                .client
+                .do_get(ticket)
+                .await
+                .map_err(failed(&self.url))?;
+            let mut part: Vec<_> = stream.try_collect().await.map_err(failed(&self.url))?;
             batches.append(&mut part);
         }
         Ok((schema, batches))
     }
+}
+
+/// A failed call to the server at `url` as the CLI's error.
+fn failed(url: &str) -> impl Fn(arrow_flight::error::FlightError) -> CliError + '_ {
+    move |e| CliError(format!("{url}: {}", flight_message(e)))
 }
 
 /// The server's own message where there is one (a refused token, a path outside the roots).

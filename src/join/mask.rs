@@ -9,7 +9,7 @@
 //! failing rows inside its probe (the CPU: `Keep`'s valid flags) overrides
 //! [`JoinIndex::probe_masked`](super::JoinIndex::probe_masked).
 
-use arrow::buffer::{BooleanBuffer, MutableBuffer};
+use arrow::buffer::{BooleanBuffer, Buffer, MutableBuffer};
 use arrow::util::bit_util;
 use datafusion::common::Result;
 
@@ -86,37 +86,53 @@ impl RowMask {
     /// Rows `first..first + len` as 32-bit words, row `first + 32 w + b` at bit `b` of word `w`
     /// and no bit set past the last row (the GPU kernels' valid bits).
     pub fn words(&self, first: usize, len: usize) -> Vec<u32> {
-        // (zero-copy where `first` is a multiple of 8)
-        let packed = self.bits.slice(first, len).sliced();
-        let bytes = packed.as_slice();
-        let mut words: Vec<u32> = Vec::with_capacity(len.div_ceil(32));
-        // Whole words in a loop the compiler turns into copies, not a copy of a variable
-        // length (a call) per word: 11M rows are 344K words.
-        let mut whole = bytes.chunks_exact(4);
-        words.extend(
-            whole
-                .by_ref()
-                .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
-        );
-        let rest = whole.remainder();
-        if !rest.is_empty() {
-            let mut le = [0u8; 4];
-            le[..rest.len()].copy_from_slice(rest);
-            words.push(u32::from_le_bytes(le));
-        }
-        words.truncate(len.div_ceil(32));
-        if !len.is_multiple_of(32) {
-            if let Some(last) = words.last_mut() {
-                *last &= (1u32 << (len % 32)) - 1;
-            }
-        }
-        words
+        bit_words(&self.bits.slice(first, len))
     }
 
     /// Bytes a mask holds.
     pub fn memory_size(&self) -> usize {
         self.len().div_ceil(8)
     }
+}
+
+/// `bits` as 32-bit words, bit `i` at bit `i % 32` of word `i / 32`, no bit set past the last
+/// (the GPU kernels' valid bits).
+pub(crate) fn bit_words(bits: &BooleanBuffer) -> Vec<u32> {
+    let len = bits.len();
+    // (zero-copy where the offset is a multiple of 8)
+    let packed = bits.sliced();
+    let bytes = packed.as_slice();
+    let mut words: Vec<u32> = Vec::with_capacity(len.div_ceil(32));
+    // Whole words in a loop the compiler turns into copies, not a copy of a variable length (a
+    // call) per word: 11M rows are 344K words.
+    let mut whole = bytes.chunks_exact(4);
+    words.extend(
+        whole
+            .by_ref()
+            .map(|w| u32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+    );
+    let rest = whole.remainder();
+    if !rest.is_empty() {
+        let mut le = [0u8; 4];
+        le[..rest.len()].copy_from_slice(rest);
+        words.push(u32::from_le_bytes(le));
+    }
+    words.truncate(len.div_ceil(32));
+    if !len.is_multiple_of(32) {
+        if let Some(last) = words.last_mut() {
+            *last &= (1u32 << (len % 32)) - 1;
+        }
+    }
+    words
+}
+
+/// The `len` bits that `words` hold as [`bit_words`] lays them out (a kernel's answer), without
+/// a copy on a little-endian host.
+pub fn bits_from_words(mut words: Vec<u32>, len: usize) -> BooleanBuffer {
+    for word in &mut words {
+        *word = word.to_le();
+    }
+    BooleanBuffer::new(Buffer::from_vec(words), 0, len)
 }
 
 /// A masked probe by any index, exact: within a radius, the probe's pairs less the rows that
@@ -240,6 +256,15 @@ mod tests {
 
     fn flags(n: usize, pass: impl Fn(usize) -> bool) -> Vec<bool> {
         (0..n).map(pass).collect()
+    }
+
+    #[test]
+    fn words_become_the_mask_bits_they_hold() {
+        let bits = bits_from_words(vec![0b1011, 1 << 31, 1], 65);
+        let set: Vec<usize> = bits.set_indices().collect();
+        assert_eq!(set, vec![0, 1, 3, 63, 64]);
+        // And back: the words of those bits are the words.
+        assert_eq!(bit_words(&bits), vec![0b1011, 1 << 31, 1]);
     }
 
     #[test]

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch};
-use arrow::buffer::{BooleanBuffer, Buffer};
+use arrow::buffer::BooleanBuffer;
 use arrow::datatypes::{
     DataType, Float32Type, Float64Type, Int16Type, Int32Type, Int64Type, Int8Type, Schema,
     UInt16Type, UInt32Type, UInt64Type, UInt8Type,
@@ -33,6 +33,8 @@ use datafusion::physical_expr::expressions::{
 };
 use datafusion::physical_expr::PhysicalExpr;
 use rayon::prelude::*;
+
+use super::mask::bit_words;
 
 /// The most operations a program holds (an IN list of a few hundred values still fits).
 pub const MAX_OPS: usize = 512;
@@ -127,8 +129,7 @@ impl MaskProgram {
             columns: Vec::new(),
         };
         let top = program.emit(predicate, schema)?;
-        (top == DataType::Boolean && program.ops.len() <= MAX_OPS && program.depth() <= MAX_DEPTH)
-            .then_some(program)
+        (top == DataType::Boolean && program.depth() <= MAX_DEPTH).then_some(program)
     }
 
     /// (code, operand) pairs, flattened, as the kernel reads them.
@@ -190,33 +191,22 @@ impl MaskProgram {
             };
             return self.emit_load(slot, ty);
         }
-        if let Some(literal) = any.downcast_ref::<Literal>() {
-            return self.emit_literal(literal.value());
+        if let Some(value) = constant(expr) {
+            return self.emit_literal(&value);
         }
         if let Some(cast) = any.downcast_ref::<CastExpr>() {
-            // A literal cast once, as DataFusion casts it (a scalar's cast is the same for
-            // every row).
-            if let Some(literal) = cast.expr().downcast_ref::<Literal>() {
-                let value = literal
-                    .value()
-                    .cast_to_with_options(cast.cast_type(), cast.cast_options())
-                    .ok()?;
-                return self.emit_literal(&value);
+            let from = cast.expr().data_type(schema).ok()?;
+            if widens_to_int64(&from) && cast.cast_type() == &DataType::Int64 {
+                // Widening an integer to Int64 keeps its key: nothing to do.
+                self.emit(cast.expr(), schema)?;
+                return Some(DataType::Int64);
             }
-            if let Some(column) = cast.expr().downcast_ref::<Column>() {
-                let from = cast.expr().data_type(schema).ok()?;
-                if !(widens_to_int64(&from) && cast.cast_type() == &DataType::Int64) {
-                    let slot = ColumnSlot {
-                        column: column.index(),
-                        cast: Some((cast.cast_type().clone(), cast.cast_options().safe)),
-                    };
-                    return self.emit_load(slot, cast.cast_type().clone());
-                }
-            }
-            // Widening an integer to Int64 keeps its key: nothing to do.
-            let from = self.emit(cast.expr(), schema)?;
-            return (widens_to_int64(&from) && cast.cast_type() == &DataType::Int64)
-                .then_some(DataType::Int64);
+            let column = cast.expr().downcast_ref::<Column>()?;
+            let slot = ColumnSlot {
+                column: column.index(),
+                cast: Some((cast.cast_type().clone(), cast.cast_options().safe)),
+            };
+            return self.emit_load(slot, cast.cast_type().clone());
         }
         if let Some(not) = any.downcast_ref::<NotExpr>() {
             (self.emit(not.arg(), schema)? == DataType::Boolean).then_some(())?;
@@ -409,12 +399,6 @@ impl MaskProgram {
     }
 }
 
-/// A mask's bits from 32-bit words (row `32 w + b` at bit `b` of word `w`), as a kernel wrote them.
-pub fn bits_from_words(words: Vec<u32>, rows: usize) -> BooleanBuffer {
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    BooleanBuffer::new(Buffer::from_vec(bytes), 0, rows)
-}
-
 /// The value of a literal, or of a literal cast (as DataFusion casts it).
 fn constant(expr: &Arc<dyn PhysicalExpr>) -> Option<ScalarValue> {
     if let Some(literal) = expr.downcast_ref::<Literal>() {
@@ -529,18 +513,7 @@ fn keys_of<T: Copy + Send + Sync>(values: &[T], key: impl Fn(T) -> i64 + Sync) -
 /// The validity bits of `array` as 32-bit words, None where no row is NULL.
 fn validity_words(array: &dyn Array) -> Option<Vec<u32>> {
     let nulls = array.logical_nulls().filter(|n| n.null_count() > 0)?;
-    let packed = nulls.inner().sliced();
-    let mut words: Vec<u32> = packed
-        .as_slice()
-        .chunks(4)
-        .map(|c| {
-            let mut le = [0u8; 4];
-            le[..c.len()].copy_from_slice(c);
-            u32::from_le_bytes(le)
-        })
-        .collect();
-    words.resize(array.len().div_ceil(32), 0);
-    Some(words)
+    Some(bit_words(nulls.inner()))
 }
 
 #[cfg(test)]

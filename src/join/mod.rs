@@ -22,7 +22,7 @@ pub use backend::{build_shards, join_shards, Backend, JoinIndex, Probed};
 pub use cancel::{Cancel, CancelOnDrop};
 pub use exact::ExactRows;
 pub use exclusion::KeyGroups;
-pub use mask::{probe_masked_by_growing, RowMask};
+pub use mask::{bits_from_words, probe_masked_by_growing, RowMask};
 pub use mask_program::MaskProgram;
 pub use matrix::{matrix_by_probe, MatrixOut, MatrixRows};
 pub use merge::{merge_nearest, merge_within};

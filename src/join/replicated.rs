@@ -315,7 +315,6 @@ impl JoinIndex for ReplicatedIndex {
         results.into_iter().collect()
     }
 
-    /// One replica's host memory: the replicas share their host-side data.
     /// The first replica's (each holds every row).
     fn mask_where_kept(
         &self,
@@ -325,6 +324,7 @@ impl JoinIndex for ReplicatedIndex {
         self.replicas[0].mask_where_kept(program, columns)
     }
 
+    /// One replica's host memory: the replicas share their host-side data.
     fn memory_size(&self) -> usize {
         self.replicas[0].memory_size() + self.column_entries.as_ref().map_or(0, |c| c.len() * 4)
     }

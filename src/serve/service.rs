@@ -197,15 +197,28 @@ impl SqlEndpoint {
 
     /// A statement planned with the values bound to its parameters (`$1`, `$2`, ... in order of
     /// the parameter batch's columns); one with parameters and no values is the client's error.
+    ///
+    /// A read-only server keeps the optimized plan of each query text with parameters, made the
+    /// first time the text comes, and binds each execution's values to it (no client can change
+    /// the tables between two executions; the files a table reads are still listed when each
+    /// execution is planned). The parse, analysis and optimization of a one-row lookup were a
+    /// third of the CPU a served lookup took; a prepared statement pays them once.
     async fn plan_bound(&self, statement: &Prepared) -> Result<Bound, Status> {
-        if let Some(values) = &statement.parameters {
-            if let Some(bound) = self.bound_to_optimized(&statement.sql, values).await? {
-                return Ok(bound);
+        let keeps_optimized = !self.limits.allow_writes;
+        if let (Some(values), true) = (&statement.parameters, keeps_optimized) {
+            let kept = self
+                .optimized
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&statement.sql)
+                .cloned();
+            if let Some(template) = kept {
+                return self.bind_optimized(&template, values);
             }
         }
         let plan = self.plan(&statement.sql).await?;
+        let parameters = parameters_of(&plan)?;
         let Some(values) = &statement.parameters else {
-            let parameters = parameters_of(&plan)?;
             if parameters.is_empty() {
                 return Ok(Bound {
                     plan,
@@ -219,6 +232,26 @@ impl SqlEndpoint {
                 names.join(", ")
             )));
         };
+        let is_query = !matches!(
+            plan,
+            LogicalPlan::Explain(_)
+                | LogicalPlan::Analyze(_)
+                | LogicalPlan::Ddl(_)
+                | LogicalPlan::Dml(_)
+                | LogicalPlan::Copy(_)
+                | LogicalPlan::Statement(_)
+                | LogicalPlan::DescribeTable(_)
+        );
+        if keeps_optimized && is_query && !parameters.is_empty() {
+            let template = self.ctx.state().optimize(&plan).map_err(status_of)?;
+            let mut optimized = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
+            if optimized.len() >= MOST_STATEMENTS_OPTIMIZED {
+                optimized.clear();
+            }
+            optimized.insert(statement.sql.clone(), template.clone());
+            drop(optimized);
+            return self.bind_optimized(&template, values);
+        }
         let plan = plan
             .with_param_values(scalar_values(values)?)
             .map_err(status_of)?;
@@ -228,60 +261,21 @@ impl SqlEndpoint {
         })
     }
 
-    /// `values` bound to the optimized plan of `sql`, made the first time the text comes and
-    /// kept (a read-only server only: no client can change the tables between two executions;
-    /// the files a table reads are still listed when each execution is planned). The parse,
-    /// analysis and optimization of a one-row lookup were a third of the CPU a served lookup
-    /// took; a prepared statement pays them once. None where the plan is not a query, or the
-    /// statement has no parameters: planned as any other statement.
-    async fn bound_to_optimized(
+    /// `values` bound to a kept optimized plan, which then goes straight to the physical planner.
+    fn bind_optimized(
         &self,
-        sql: &str,
+        template: &LogicalPlan,
         values: &RecordBatch,
-    ) -> Result<Option<Bound>, Status> {
-        if self.limits.allow_writes {
-            return Ok(None);
-        }
-        let kept = self
-            .optimized
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(sql)
-            .cloned();
-        let template = match kept {
-            Some(template) => template,
-            None => {
-                let plan = self.plan(sql).await?;
-                let is_query = !matches!(
-                    plan,
-                    LogicalPlan::Explain(_)
-                        | LogicalPlan::Analyze(_)
-                        | LogicalPlan::Ddl(_)
-                        | LogicalPlan::Dml(_)
-                        | LogicalPlan::Copy(_)
-                        | LogicalPlan::Statement(_)
-                        | LogicalPlan::DescribeTable(_)
-                );
-                if !is_query || parameters_of(&plan)?.is_empty() {
-                    return Ok(None);
-                }
-                let template = self.ctx.state().optimize(&plan).map_err(status_of)?;
-                let mut optimized = self.optimized.lock().unwrap_or_else(|e| e.into_inner());
-                if optimized.len() >= MOST_STATEMENTS_OPTIMIZED {
-                    optimized.clear();
-                }
-                optimized.insert(sql.to_string(), template.clone());
-                template
-            }
-        };
+    ) -> Result<Bound, Status> {
         let plan = template
+            .clone()
             .with_param_values(scalar_values(values)?)
             .map_err(status_of)?;
         self.statements_optimized.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(Bound {
+        Ok(Bound {
             plan,
             optimized: true,
-        }))
+        })
     }
 
     async fn flight_info(

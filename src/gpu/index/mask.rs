@@ -17,7 +17,8 @@ use crate::gpu::args::MaskArgs;
 use crate::gpu::device::cuda_err;
 use crate::gpu::memory::{addr, download, upload};
 use crate::gpu::stats::GpuStats;
-use crate::join::mask_program::{bits_from_words, ColumnSlot, MaskProgram};
+use crate::join::bits_from_words;
+use crate::join::mask_program::{ColumnSlot, MaskProgram};
 
 /// Free device memory a column's upload leaves at least (the probes' scratch).
 const MASK_HEADROOM: u64 = 1 << 30;

@@ -299,10 +299,3 @@ fn programs_past_the_bounds_are_not_compiled() {
         assert_same(&format!("{deep} > 0"), &batch);
     }
 }
-
-#[test]
-fn words_become_the_mask_bits_they_hold() {
-    let bits = bits_from_words(vec![0b1011, 1 << 31, 1], 65);
-    let set: Vec<usize> = bits.set_indices().collect();
-    assert_eq!(set, vec![0, 1, 3, 63, 64]);
-}

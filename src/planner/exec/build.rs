@@ -150,26 +150,10 @@ impl BuildJob {
                         let side = Arc::clone(&side);
                         let where_kept = self.metrics.masks_where_kept.clone();
                         SpawnedTask::spawn_blocking(move || {
-                            match super::kept_left::rows_passing_where_kept(&predicate, &side) {
-                                Ok(Some(bits)) => {
-                                    where_kept.add(1);
-                                    return Ok(RowMask::from_bits(bits));
-                                }
-                                Ok(None) => {}
-                                // (the host's answer is the same, only slower)
-                                Err(e) => log::warn!(
-                                    "{name}: the filter could not run where the index is kept \
-                                     ({e}); evaluated on the host"
-                                ),
-                            }
-                            super::kept_left::rows_passing(
-                                &predicate,
-                                &side.others,
-                                side.zones().as_deref(),
-                                name,
-                                "right",
-                            )
-                            .map(RowMask::from_bits)
+                            let (bits, on_device) =
+                                super::kept_left::kept_side_passing(&predicate, &side, name)?;
+                            where_kept.add(on_device as usize);
+                            Ok::<_, DataFusionError>(RowMask::from_bits(bits))
                         })
                         .await
                         .map_err(|e| DataFusionError::External(Box::new(e)))??

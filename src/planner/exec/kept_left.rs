@@ -66,29 +66,36 @@ const PREDICATE_SLICE: usize = crate::index::ZONE_ROWS;
 /// mask's copy back.
 const SLICES_WORTH_A_DEVICE: usize = 64;
 
-/// [`rows_passing`] over `side`'s other columns where its index can evaluate `predicate` itself
-/// (a GPU's kernel over the columns it keeps there, see `join::MaskProgram`) and the zone maps
-/// leave more than a few slices to read; None otherwise. Bit for bit the host's answer.
-pub(super) fn rows_passing_where_kept(
+/// The rows of `side` (its other columns) that pass `predicate`, and whether they were found
+/// where its index is kept: a GPU's kernel over the columns it keeps there (see
+/// `join::MaskProgram`) when the predicate compiles and the zone maps leave more than a few
+/// slices to read, else [`rows_passing`] on the host's cores. Bit for bit the same rows either
+/// way; a device that fails is said and the host answers.
+pub(super) fn kept_side_passing(
     predicate: &Arc<dyn PhysicalExpr>,
     side: &KeptSide,
-) -> Result<Option<BooleanBuffer>> {
+    name: &str,
+) -> Result<(BooleanBuffer, bool)> {
+    let may_pass = side.zones().and_then(|zones| zones.may_pass(predicate));
     let slices = side.others.num_rows().div_ceil(PREDICATE_SLICE);
-    if slices <= SLICES_WORTH_A_DEVICE {
-        return Ok(None);
-    }
-    let zones = side.zones();
-    let to_read = zones
-        .as_deref()
-        .and_then(|zones| zones.may_pass(predicate))
+    let to_read = may_pass
+        .as_ref()
         .map_or(slices, |keep| keep.iter().filter(|&&k| k).count());
-    if to_read <= SLICES_WORTH_A_DEVICE {
-        return Ok(None);
+    if to_read > SLICES_WORTH_A_DEVICE {
+        if let Some(program) = MaskProgram::compile(predicate, side.others.schema().as_ref()) {
+            match side.index.mask_where_kept(&program, &side.others) {
+                Ok(Some(bits)) => return Ok((bits, true)),
+                Ok(None) => {}
+                // (the host's answer is the same, only slower)
+                Err(e) => log::warn!(
+                    "{name}: the filter could not run where the index is kept ({e}); \
+                     evaluated on the host"
+                ),
+            }
+        }
     }
-    let Some(program) = MaskProgram::compile(predicate, side.others.schema().as_ref()) else {
-        return Ok(None);
-    };
-    side.index.mask_where_kept(&program, &side.others)
+    let bits = slices_passing(predicate, &side.others, may_pass, name, "right")?;
+    Ok((bits, false))
 }
 
 /// Whether each row of `batch` (a kept side's other columns) passes `predicate`, a bit a row, a
@@ -100,6 +107,18 @@ pub(super) fn rows_passing(
     predicate: &Arc<dyn PhysicalExpr>,
     batch: &RecordBatch,
     zones: Option<&Zones>,
+    name: &str,
+    side: &str,
+) -> Result<BooleanBuffer> {
+    let may_pass = zones.and_then(|zones| zones.may_pass(predicate));
+    slices_passing(predicate, batch, may_pass, name, side)
+}
+
+/// [`rows_passing`] with the zone maps' answer given: a slice `may_pass` rules out is not read.
+fn slices_passing(
+    predicate: &Arc<dyn PhysicalExpr>,
+    batch: &RecordBatch,
+    may_pass: Option<Vec<bool>>,
     name: &str,
     side: &str,
 ) -> Result<BooleanBuffer> {
@@ -119,7 +138,6 @@ pub(super) fn rows_passing(
         passing_bits(values.as_ref(), name, side)
     };
     let slices = rows.div_ceil(PREDICATE_SLICE);
-    let may_pass = zones.and_then(|zones| zones.may_pass(predicate));
     let read_slice = |i: usize| may_pass.as_ref().is_none_or(|keep| keep[i]);
     let read: Vec<usize> = (0..slices).filter(|&i| read_slice(i)).collect();
     // A few slices (a key, a narrow range) on this thread: handing them to the pool cost more
